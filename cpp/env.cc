@@ -1,0 +1,141 @@
+#include "env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "common.h"
+
+namespace hvdcompat {
+
+const std::vector<KnobSpec>& AllKnobs() {
+  static const std::vector<KnobSpec> knobs = {
+      {Knob::kFusionThreshold, "FUSION_THRESHOLD", true, "134217728", "bytes",
+       "Fuse small tensors into one collective up to this many bytes (0 disables fusion)."},
+      {Knob::kCycleTimeMs, "CYCLE_TIME", true, "0", "ms",
+       "After the engine wakes up, wait this long for more tensors before negotiating."},
+      {Knob::kCacheCapacity, "CACHE_CAPACITY", true, "1024", "entries",
+       "Response cache size; steady-state negotiation sends only ready bits (0 disables)."},
+      {Knob::kStallCheckTimeSeconds, "STALL_CHECK_TIME_SECONDS", true, "60", "s",
+       "Warn when a tensor has been submitted by some ranks but not others for this long."},
+      {Knob::kStallShutdownTimeSeconds, "STALL_SHUTDOWN_TIME_SECONDS", true, "0", "s",
+       "Fail stalled operations with an error after this long (0 never)."},
+      {Knob::kStallCheckDisable, "STALL_CHECK_DISABLE", true, "0", "bool",
+       "Disable the stall inspector."},
+      {Knob::kTimeline, "TIMELINE", true, "", "path",
+       "Write a Chrome-trace timeline to this file (DYNAMIC: start with hvd.start_timeline)."},
+      {Knob::kTimelineMarkCycles, "TIMELINE_MARK_CYCLES", true, "0", "bool",
+       "Mark each negotiation cycle in the timeline."},
+      {Knob::kLogLevel, "LOG_LEVEL", true, "warning", "level",
+       "trace, debug, info, warning, error or fatal."},
+      {Knob::kLogHideTime, "LOG_HIDE_TIME", true, "0", "bool",
+       "Omit timestamps from log lines."},
+      {Knob::kNumNcclStreams, "NUM_NCCL_STREAMS", true, "1", "streams",
+       "Parallel NCCL streams/communicators for GPU collectives."},
+      {Knob::kHierarchicalAllreduce, "HIERARCHICAL_ALLREDUCE", true, "0", "bool",
+       "GPU allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather."},
+      {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
+       "Backend for CUDA tensors; MPI stages through host memory."},
+      {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
+       "Allow hvd.add_process_set/remove_process_set after init."},
+      {Knob::kFusionChunkBytes, "FUSION_CHUNK_BYTES", false, "1048576", "bytes",
+       "Pack/reduce/unpack of a fused buffer is pipelined in chunks of this size."},
+      {Knob::kInPlaceMinBytes, "INPLACE_MIN_BYTES", false, "1048576", "bytes",
+       "Tensors at least this large are reduced in place, without the fusion copy."},
+      {Knob::kPollSpinMicros, "POLL_SPIN_MICROS", false, "50", "us",
+       "While waiting for peers, busy-poll this long before sleeping."},
+      {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
+       "Longest sleep between polls while waiting for peers."},
+  };
+  return knobs;
+}
+
+const KnobSpec& SpecOf(Knob knob) {
+  for (const auto& k : AllKnobs()) {
+    if (k.knob == knob) return k;
+  }
+  throw InternalError("knob without a declaration");
+}
+
+std::string KnobString(Knob knob, std::string* source) {
+  const KnobSpec& spec = SpecOf(knob);
+  std::string ours = std::string("HVDCOMPAT_") + spec.suffix;
+  if (const char* v = std::getenv(ours.c_str())) {
+    if (source) *source = ours;
+    return v;
+  }
+  if (spec.horovod_alias) {
+    std::string theirs = std::string("HOROVOD_") + spec.suffix;
+    if (const char* v = std::getenv(theirs.c_str())) {
+      if (source) *source = theirs;
+      return v;
+    }
+  }
+  if (source) *source = std::string("default of HVDCOMPAT_") + spec.suffix;
+  return spec.default_value;
+}
+
+namespace {
+
+[[noreturn]] void BadValue(Knob knob, const std::string& value, const std::string& source,
+                           const char* expected) {
+  throw InvalidArgument(source + "=" + value + " is not valid: expected " + expected + " (" +
+                        SpecOf(knob).help + ")");
+}
+
+}  // namespace
+
+int64_t KnobInt(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  try {
+    size_t used = 0;
+    // Accept "1e6"-style values too: some launch scripts write thresholds so.
+    double d = std::stod(v, &used);
+    if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
+    return static_cast<int64_t>(d);
+  } catch (const std::logic_error&) {
+    BadValue(knob, v, source, "a non-negative number");
+  }
+}
+
+double KnobDouble(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  try {
+    size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
+    return d;
+  } catch (const std::logic_error&) {
+    BadValue(knob, v, source, "a non-negative number");
+  }
+}
+
+bool KnobBool(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  BadValue(knob, v, source, "0/1, true/false, yes/no or on/off");
+}
+
+Config Config::FromEnvironment() {
+  Config c;
+  c.fusion_threshold_bytes = KnobInt(Knob::kFusionThreshold);
+  c.cycle_time_ms = KnobDouble(Knob::kCycleTimeMs);
+  c.cache_capacity = KnobInt(Knob::kCacheCapacity);
+  c.stall_check_seconds =
+      KnobBool(Knob::kStallCheckDisable) ? 0.0 : KnobDouble(Knob::kStallCheckTimeSeconds);
+  c.stall_shutdown_seconds = KnobDouble(Knob::kStallShutdownTimeSeconds);
+  c.timeline_path = KnobString(Knob::kTimeline);
+  c.timeline_mark_cycles = KnobBool(Knob::kTimelineMarkCycles);
+  c.fusion_chunk_bytes = KnobInt(Knob::kFusionChunkBytes);
+  if (c.fusion_chunk_bytes < 4096) c.fusion_chunk_bytes = 4096;
+  c.inplace_min_bytes = KnobInt(Knob::kInPlaceMinBytes);
+  c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
+  c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
+  return c;
+}
+
+}  // namespace hvdcompat

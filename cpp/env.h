@@ -1,0 +1,71 @@
+// Every tunable of the core, declared once: name, Horovod alias, default and
+// meaning. HVDCOMPAT_<NAME> wins over HOROVOD_<NAME> when both are set.
+// Values are read when the runtime initialises (Config::FromEnvironment), so
+// a shutdown -> change env -> init cycle picks up new values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hvdcompat {
+
+enum class Knob : int {
+  kFusionThreshold,
+  kCycleTimeMs,
+  kCacheCapacity,
+  kStallCheckTimeSeconds,
+  kStallShutdownTimeSeconds,
+  kStallCheckDisable,
+  kTimeline,
+  kTimelineMarkCycles,
+  kLogLevel,
+  kLogHideTime,
+  kNumNcclStreams,
+  kHierarchicalAllreduce,
+  kGpuOperations,
+  kDynamicProcessSets,
+  kFusionChunkBytes,
+  kInPlaceMinBytes,
+  kPollSpinMicros,
+  kPollMaxSleepMicros,
+  kCount,
+};
+
+struct KnobSpec {
+  Knob knob;
+  const char* suffix;         // e.g. "FUSION_THRESHOLD"
+  bool horovod_alias;         // also read as HOROVOD_<suffix>
+  const char* default_value;  // as a string, parsed like the env value
+  const char* unit;
+  const char* help;           // one line
+};
+
+const std::vector<KnobSpec>& AllKnobs();
+const KnobSpec& SpecOf(Knob knob);
+
+// Raw string value (HVDCOMPAT_ first, then HOROVOD_, then the default) and
+// the name it came from, for error messages.
+std::string KnobString(Knob knob, std::string* source = nullptr);
+int64_t KnobInt(Knob knob);
+double KnobDouble(Knob knob);
+bool KnobBool(Knob knob);
+
+// Snapshot of the tunables the engine uses, taken at init.
+struct Config {
+  int64_t fusion_threshold_bytes;  // 0 disables fusion
+  double cycle_time_ms;            // batching window after a wake-up
+  int64_t cache_capacity;          // 0 disables the response cache
+  double stall_check_seconds;      // <= 0 or disabled: no stall warnings
+  double stall_shutdown_seconds;   // 0: never fail stalled ops
+  std::string timeline_path;       // empty: no timeline; "DYNAMIC": start later
+  bool timeline_mark_cycles;
+  int64_t fusion_chunk_bytes;      // pipeline chunk of pack/reduce/unpack
+  int64_t inplace_min_bytes;       // tensors this large skip the fusion copy
+  int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
+  int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
+
+  static Config FromEnvironment();
+};
+
+}  // namespace hvdcompat

@@ -1,0 +1,76 @@
+#include "mpi_transport.h"
+
+#include <cstring>
+
+namespace hvdcompat {
+
+namespace {
+// The first broadcast carries the length and this many bytes; longer
+// response lists need a second broadcast.
+constexpr size_t kFirstChunk = 4096;
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm, const MpiOps* ops, Poller* poller)
+    : comm_(comm), ops_(ops), poller_(poller) {
+  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+}
+
+void MpiTransport::CombineFlags(std::vector<uint64_t>& words) {
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()),
+                                      MPI_UINT64_T, ops_->flag_combine(), comm_, &req));
+  poller_->Wait(&req, comm_, "the negotiation of ready tensors (flags allreduce)");
+}
+
+void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
+                               std::vector<std::string>* all) {
+  const size_t slot = max_bytes + sizeof(uint32_t);
+  HVD_ENFORCE(mine.size() <= max_bytes, "request blob larger than the agreed maximum");
+  HVD_ENFORCE(slot < static_cast<size_t>(INT32_MAX), "request list too large: " << slot);
+  gather_send_.assign(slot, 0);
+  uint32_t len = static_cast<uint32_t>(mine.size());
+  std::memcpy(gather_send_.data(), &len, sizeof(len));
+  if (!mine.empty()) std::memcpy(gather_send_.data() + sizeof(len), mine.data(), mine.size());
+  if (rank_ == 0) gather_recv_.resize(slot * static_cast<size_t>(size_));
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Igather(gather_send_.data(), static_cast<int>(slot), MPI_BYTE,
+                                   rank_ == 0 ? gather_recv_.data() : nullptr,
+                                   static_cast<int>(slot), MPI_BYTE, 0, comm_, &req));
+  poller_->Wait(&req, comm_, "the gather of new tensor requests to the coordinator");
+  if (rank_ != 0) return;
+  all->assign(size_, std::string());
+  for (int r = 0; r < size_; ++r) {
+    const char* p = gather_recv_.data() + slot * r;
+    uint32_t n;
+    std::memcpy(&n, p, sizeof(n));
+    HVD_ENFORCE(n <= max_bytes, "corrupt request blob from rank " << r);
+    (*all)[r].assign(p + sizeof(n), n);
+  }
+}
+
+void MpiTransport::BroadcastBlob(std::string* blob) {
+  std::vector<char> first(kFirstChunk, 0);
+  uint64_t len = rank_ == 0 ? blob->size() : 0;
+  const size_t head = kFirstChunk - sizeof(len);
+  if (rank_ == 0) {
+    std::memcpy(first.data(), &len, sizeof(len));
+    std::memcpy(first.data() + sizeof(len), blob->data(), std::min<size_t>(len, head));
+  }
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Ibcast(first.data(), static_cast<int>(kFirstChunk), MPI_BYTE, 0,
+                                  comm_, &req));
+  poller_->Wait(&req, comm_, "the broadcast of negotiated responses");
+  std::memcpy(&len, first.data(), sizeof(len));
+  if (rank_ != 0) blob->assign(first.data() + sizeof(len), std::min<size_t>(len, head));
+  if (len <= head) return;
+  const size_t rest = len - head;
+  HVD_ENFORCE(rest < static_cast<size_t>(INT32_MAX), "response list too large: " << len);
+  std::string tail(rest, '\0');
+  if (rank_ == 0) tail.assign(blob->data() + head, rest);
+  HVD_MPI_CHECK(comm_, MPI_Ibcast(tail.data(), static_cast<int>(rest), MPI_BYTE, 0, comm_, &req));
+  poller_->Wait(&req, comm_, "the broadcast of negotiated responses");
+  if (rank_ != 0) blob->append(tail);
+}
+
+}  // namespace hvdcompat

@@ -1,0 +1,61 @@
+#include "mpi_util.h"
+
+#include <sstream>
+
+
+namespace hvdcompat {
+
+void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  std::ostringstream os;
+  os << "MPI call " << call << " failed: " << std::string(text, len) << " (error code " << rc
+     << ", " << file << ":" << line << ")";
+  throw CommunicationError(os.str());
+}
+
+namespace {
+
+void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype*) {
+  FlagWords::Combine(static_cast<uint64_t*>(inout), static_cast<const uint64_t*>(in),
+                     static_cast<size_t>(*len));
+}
+
+}  // namespace
+
+MpiOps::MpiOps() { MPI_Op_create(&FlagCombineFn, 1, &flag_combine_); }
+
+MpiOps::~MpiOps() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  MPI_Op_free(&flag_combine_);
+}
+
+MPI_Datatype MpiOps::Type(DataType dtype) const {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kBool: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return MPI_UINT16_T;
+    case DataType::kBFloat16: return MPI_UINT16_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+  }
+  throw InternalError("no MPI type for dtype");
+}
+
+MPI_Op MpiOps::Op(ReduceOp op) const {
+  switch (op) {
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: return MPI_SUM;
+  }
+}
+
+}  // namespace hvdcompat

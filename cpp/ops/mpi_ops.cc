@@ -1,0 +1,424 @@
+#include "ops/mpi_ops.h"
+
+#include <climits>
+#include <cstring>
+
+#include "cpu_kernels.h"
+
+namespace hvdcompat {
+
+namespace {
+
+int64_t ElementsOf(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+int64_t RowElementsOf(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+int ToInt(int64_t v, const char* what) {
+  if (v > INT_MAX || v < 0) {
+    throw InvalidArgument(std::string(what) + " of " + std::to_string(v) +
+                          " elements exceeds what one MPI call can carry (2^31-1); split the "
+                          "tensor or lower HOROVOD_FUSION_THRESHOLD");
+  }
+  return static_cast<int>(v);
+}
+
+// Scale factors with Average folded in (Average = Sum, then 1/size).
+void Scales(const Response& r, int size, double* pre, double* post) {
+  *pre = r.prescale;
+  *post = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) *post /= size;
+}
+
+}  // namespace
+
+int64_t ReducescatterRows(int64_t rows, int size, int rank) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
+MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
+    : comm_(comm),
+      ops_(ops),
+      chunk_bytes_(config.fusion_chunk_bytes),
+      inplace_min_bytes_(config.inplace_min_bytes) {
+  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+}
+
+bool MpiBackend::CanExecute(const Response& r) const { return r.device == kCpuDevice; }
+
+void MpiBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
+  switch (r.op) {
+    case OpType::kAllreduce: return Allreduce(r, units);
+    case OpType::kAllgather: return Allgather(r, units);
+    case OpType::kBroadcast: return Broadcast(r, units);
+    case OpType::kAlltoall: return Alltoall(r, units);
+    case OpType::kReducescatter: return Reducescatter(r, units);
+    case OpType::kBarrier:
+    case OpType::kJoin:
+      // Negotiation already synchronised every rank of the set.
+      return;
+  }
+}
+
+void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, DataType dtype,
+                                   ReduceOp op) {
+  const size_t esize = DataTypeSize(dtype);
+  const int64_t step = INT_MAX / 2;
+  for (int64_t off = 0; off < count; off += step) {
+    int n = static_cast<int>(std::min(step, count - off));
+    const void* src = in == MPI_IN_PLACE ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    HVD_MPI_CHECK(comm_, MPI_Allreduce(src, static_cast<char*>(out) + off * esize, n,
+                                       ops_->Type(dtype), ops_->Op(op), comm_));
+  }
+}
+
+void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, double post) {
+  const size_t esize = DataTypeSize(dtype);
+  // Without scaling there is nothing to keep cache-hot: one call.
+  const int64_t step = (p.pre == 1.0 && post == 1.0)
+                           ? p.count
+                           : std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(esize));
+  for (int64_t off = 0; off < p.count; off += step) {
+    int64_t n = std::min(step, p.count - off);
+    const char* in = p.in + off * esize;
+    char* out = p.out + off * esize;
+    if (p.pre != 1.0) {
+      ScaleCopy(out, in, n, dtype, p.pre);
+      AllreduceElements(MPI_IN_PLACE, out, n, dtype, op);
+    } else if (in != out) {
+      AllreduceElements(in, out, n, dtype, op);
+    } else {
+      AllreduceElements(MPI_IN_PLACE, out, n, dtype, op);
+    }
+    if (post != 1.0) ScaleCopy(out, out, n, dtype, post);
+  }
+}
+
+void MpiBackend::ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype, ReduceOp op,
+                                double post) {
+  const DataType wire = HostReduceType(dtype);
+  const size_t esize = DataTypeSize(dtype);
+  const size_t wsize = DataTypeSize(wire);
+  const int64_t chunk = std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(wsize));
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(chunk) * wsize);
+  struct Seg {
+    const Piece* piece;
+    int64_t offset;
+    int64_t count;
+  };
+  std::vector<Seg> segs;
+  size_t pi = 0;
+  int64_t poff = 0;
+  while (pi < pieces.size()) {
+    segs.clear();
+    int64_t filled = 0;
+    while (pi < pieces.size() && filled < chunk) {
+      const Piece& p = pieces[pi];
+      int64_t n = std::min(p.count - poff, chunk - filled);
+      if (n > 0) {
+        ConvertScale(buf + filled * wsize, wire, p.in + poff * esize, dtype, n, p.pre);
+        segs.push_back({&p, poff, n});
+        filled += n;
+        poff += n;
+      }
+      if (poff >= p.count) {
+        ++pi;
+        poff = 0;
+      }
+    }
+    if (filled == 0) break;
+    AllreduceElements(MPI_IN_PLACE, buf, filled, wire, op);
+    int64_t at = 0;
+    for (const auto& s : segs) {
+      ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post);
+      at += s.count;
+    }
+  }
+}
+
+void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
+  const size_t esize = DataTypeSize(r.dtype);
+  double pre, post;
+  Scales(r, size_, &pre, &post);
+  std::vector<Piece> pieces;
+  size_t joined = 0;
+  for (auto& u : units) {
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      int64_t count = ElementsOf(u.unit->shapes[t]);
+      if (u.entry) {
+        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
+                          static_cast<char*>(u.entry->outputs[t].data), count, pre});
+      } else {
+        // A joined rank contributes the op's identity and keeps nothing.
+        if (joined_buffers_.size() <= joined) {
+          joined_buffers_.push_back(std::make_unique<HostScratch>());
+        }
+        char* z = joined_buffers_[joined++]->Reserve(static_cast<size_t>(count) * esize);
+        FillIdentity(z, count, r.dtype, r.reduce_op);
+        pieces.push_back({z, z, count, 1.0});
+      }
+    }
+  }
+  const bool widen = HostReduceType(r.dtype) != r.dtype;
+  std::vector<Piece> streamed;
+  for (const auto& p : pieces) {
+    if (!widen &&
+        (pieces.size() == 1 || static_cast<int64_t>(p.count * esize) >= inplace_min_bytes_)) {
+      ReduceDirect(p, r.dtype, r.reduce_op, post);
+    } else {
+      streamed.push_back(p);
+    }
+  }
+  if (!streamed.empty()) ReduceStreamed(streamed, r.dtype, r.reduce_op, post);
+}
+
+void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
+  const size_t esize = DataTypeSize(r.dtype);
+  struct T {
+    TensorEntry* entry;
+    size_t index;
+    int64_t row_elems;
+  };
+  std::vector<T> tensors;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "allgather on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      tensors.push_back({u.entry, t, RowElementsOf(u.entry->inputs[t].shape)});
+    }
+  }
+  const size_t n = tensors.size();
+  std::vector<int64_t> mine(n), dims(n * size_);
+  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].entry->inputs[tensors[i].index].shape[0];
+  HVD_MPI_CHECK(comm_, MPI_Allgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
+                                     static_cast<int>(n), MPI_INT64_T, comm_));
+  // Outputs, allocated here now that every rank's first dimension is known.
+  std::vector<char*> outs(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t rows = 0;
+    for (int rk = 0; rk < size_; ++rk) rows += dims[rk * n + i];
+    Shape shape = tensors[i].entry->inputs[tensors[i].index].shape;
+    shape[0] = rows;
+    tensors[i].entry->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
+    outs[i] = static_cast<char*>(tensors[i].entry->result.outputs.back().data());
+  }
+  if (n == 1) {
+    std::vector<int> counts(size_), displs(size_);
+    int64_t at = 0;
+    for (int rk = 0; rk < size_; ++rk) {
+      counts[rk] = ToInt(dims[rk] * tensors[0].row_elems, "allgather");
+      displs[rk] = ToInt(at, "allgather output");
+      at += dims[rk] * tensors[0].row_elems;
+    }
+    const BufferDesc& in = tensors[0].entry->inputs[tensors[0].index];
+    MPI_Datatype type = ops_->Type(r.dtype);
+    HVD_MPI_CHECK(comm_, MPI_Allgatherv(in.data, counts[rank_], type, outs[0], counts.data(),
+                                        displs.data(), type, comm_));
+    return;
+  }
+  // Fused: pack this rank's tensors back to back, gather every rank's block,
+  // then scatter the blocks into the outputs.
+  std::vector<int64_t> rank_bytes(size_, 0);
+  for (int rk = 0; rk < size_; ++rk) {
+    for (size_t i = 0; i < n; ++i) rank_bytes[rk] += dims[rk * n + i] * tensors[i].row_elems * esize;
+  }
+  std::vector<int> counts(size_), displs(size_);
+  int64_t total = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    counts[rk] = ToInt(rank_bytes[rk], "fused allgather bytes");
+    displs[rk] = ToInt(total, "fused allgather bytes");
+    total += rank_bytes[rk];
+  }
+  char* send = scratch_a_.Reserve(static_cast<size_t>(rank_bytes[rank_]));
+  int64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const BufferDesc& in = tensors[i].entry->inputs[tensors[i].index];
+    std::memcpy(send + at, in.data, in.Bytes());
+    at += in.Bytes();
+  }
+  char* recv = scratch_b_.Reserve(static_cast<size_t>(total));
+  HVD_MPI_CHECK(comm_, MPI_Allgatherv(send, counts[rank_], MPI_BYTE, recv, counts.data(),
+                                      displs.data(), MPI_BYTE, comm_));
+  std::vector<int64_t> out_at(n, 0);
+  at = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    for (size_t i = 0; i < n; ++i) {
+      int64_t bytes = dims[rk * n + i] * tensors[i].row_elems * esize;
+      std::memcpy(outs[i] + out_at[i], recv + at, bytes);
+      out_at[i] += bytes;
+      at += bytes;
+    }
+  }
+}
+
+void MpiBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {
+  const bool root = rank_ == r.root;
+  std::vector<std::pair<const char*, char*>> bufs;
+  std::vector<int64_t> bytes;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "broadcast on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const BufferDesc& in = u.entry->inputs[t];
+      const BufferDesc& out = u.entry->outputs[t];
+      if (root && in.data != out.data) std::memcpy(out.data, in.data, in.Bytes());
+      bufs.emplace_back(static_cast<const char*>(in.data), static_cast<char*>(out.data));
+      bytes.push_back(static_cast<int64_t>(out.Bytes()));
+    }
+  }
+  auto bcast = [&](char* p, int64_t len) {
+    const int64_t step = INT_MAX / 2;
+    for (int64_t off = 0; off < len; off += step) {
+      HVD_MPI_CHECK(comm_, MPI_Bcast(p + off, static_cast<int>(std::min(step, len - off)),
+                                     MPI_BYTE, r.root, comm_));
+    }
+  };
+  if (bufs.size() == 1) {
+    bcast(bufs[0].second, bytes[0]);
+    return;
+  }
+  // Fused: stream chunks packed on the root.
+  const int64_t chunk = std::max<int64_t>(4096, chunk_bytes_);
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(chunk));
+  size_t bi = 0;
+  int64_t boff = 0;
+  while (bi < bufs.size()) {
+    struct Seg {
+      size_t index;
+      int64_t offset, len;
+    };
+    std::vector<Seg> segs;
+    int64_t filled = 0;
+    while (bi < bufs.size() && filled < chunk) {
+      int64_t len = std::min(bytes[bi] - boff, chunk - filled);
+      if (len > 0) {
+        if (root) std::memcpy(buf + filled, bufs[bi].second + boff, len);
+        segs.push_back({bi, boff, len});
+        filled += len;
+        boff += len;
+      }
+      if (boff >= bytes[bi]) {
+        ++bi;
+        boff = 0;
+      }
+    }
+    if (filled == 0) break;
+    bcast(buf, filled);
+    if (!root) {
+      int64_t at = 0;
+      for (const auto& s : segs) {
+        std::memcpy(bufs[s.index].second + s.offset, buf + at, s.len);
+        at += s.len;
+      }
+    }
+  }
+}
+
+void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "alltoall on a joined rank");
+    TensorEntry* e = u.entry;
+    const BufferDesc& in = e->inputs[0];
+    const int64_t row = RowElementsOf(in.shape);
+    const std::vector<int64_t>& send_rows = e->splits[0];
+    HVD_ENFORCE(static_cast<int>(send_rows.size()) == size_, "alltoall splits size");
+    std::vector<int64_t> recv_rows(size_);
+    HVD_MPI_CHECK(comm_, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
+                                      MPI_INT64_T, comm_));
+    int64_t total_rows = 0;
+    for (int64_t v : recv_rows) total_rows += v;
+    Shape shape = in.shape;
+    shape[0] = total_rows;
+    e->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
+    void* out = e->result.outputs.back().data();
+    std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+    int64_t s_at = 0, r_at = 0;
+    for (int rk = 0; rk < size_; ++rk) {
+      sc[rk] = ToInt(send_rows[rk] * row, "alltoall send count");
+      sd[rk] = ToInt(s_at, "alltoall send offset");
+      rc[rk] = ToInt(recv_rows[rk] * row, "alltoall receive count");
+      rd[rk] = ToInt(r_at, "alltoall receive offset");
+      s_at += send_rows[rk] * row;
+      r_at += recv_rows[rk] * row;
+    }
+    MPI_Datatype type = ops_->Type(r.dtype);
+    HVD_MPI_CHECK(comm_, MPI_Alltoallv(in.data, sc.data(), sd.data(), type, out, rc.data(),
+                                       rd.data(), type, comm_));
+    e->result.received_splits.push_back(recv_rows);
+  }
+}
+
+void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) {
+  const DataType wire = HostReduceType(r.dtype);
+  const size_t esize = DataTypeSize(r.dtype);
+  const size_t wsize = DataTypeSize(wire);
+  double pre, post;
+  Scales(r, size_, &pre, &post);
+  struct T {
+    const BufferDesc* in;
+    const BufferDesc* out;
+    int64_t rows, row_elems;
+  };
+  std::vector<T> tensors;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const BufferDesc& in = u.entry->inputs[t];
+      tensors.push_back({&in, &u.entry->outputs[t], in.shape.empty() ? 1 : in.shape[0],
+                         RowElementsOf(in.shape)});
+    }
+  }
+  // Rank-major layout: the block every rank receives is contiguous.
+  std::vector<int> counts(size_);
+  int64_t total = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    int64_t c = 0;
+    for (const auto& t : tensors) c += ReducescatterRows(t.rows, size_, rk) * t.row_elems;
+    counts[rk] = ToInt(c, "reducescatter count");
+    total += c;
+  }
+  MPI_Datatype type = ops_->Type(wire);
+  MPI_Op op = ops_->Op(r.reduce_op);
+  if (tensors.size() == 1 && wire == r.dtype) {
+    const char* src = static_cast<const char*>(tensors[0].in->data);
+    if (pre != 1.0) {
+      char* scaled = scratch_a_.Reserve(static_cast<size_t>(total) * esize);
+      ScaleCopy(scaled, src, total, r.dtype, pre);
+      src = scaled;
+    }
+    HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(src, tensors[0].out->data, counts.data(), type, op, comm_));
+    if (post != 1.0) {
+      ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post);
+    }
+    return;
+  }
+  char* send = scratch_a_.Reserve(static_cast<size_t>(total) * wsize);
+  int64_t at = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    for (const auto& t : tensors) {
+      int64_t first_row = 0;
+      for (int k = 0; k < rk; ++k) first_row += ReducescatterRows(t.rows, size_, k);
+      int64_t n = ReducescatterRows(t.rows, size_, rk) * t.row_elems;
+      ConvertScale(send + at * wsize, wire,
+                   static_cast<const char*>(t.in->data) + first_row * t.row_elems * esize, r.dtype,
+                   n, pre);
+      at += n;
+    }
+  }
+  char* recv = scratch_b_.Reserve(static_cast<size_t>(counts[rank_]) * wsize);
+  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(send, recv, counts.data(), type, op, comm_));
+  at = 0;
+  for (const auto& t : tensors) {
+    int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;
+    ConvertScale(t.out->data, r.dtype, recv + at * wsize, wire, n, post);
+    at += n;
+  }
+}
+
+}  // namespace hvdcompat

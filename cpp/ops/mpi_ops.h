@@ -1,0 +1,69 @@
+// Host-memory collectives over MPI. See Note [Streaming fused allreduce].
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "env.h"
+#include "fusion.h"
+#include "mpi_util.h"
+#include "ops/backend.h"
+
+namespace hvdcompat {
+
+// Note [Streaming fused allreduce]
+// A fused allreduce never packs the whole fused payload at once. It fills a
+// chunk-sized scratch from the inputs (applying the prescale in the same
+// pass), reduces the chunk in place, and copies it out (applying the
+// postscale), chunk after chunk. The chunk stays in cache between the three
+// steps, so a CPU whose limit is memory bandwidth reads each input once and
+// writes each output once, instead of streaming the whole payload through
+// DRAM three extra times. Tensors of at least `inplace_min_bytes` skip the
+// copy: they are reduced directly from input to output, chunk by chunk so the
+// postscale (1/size for Average) also runs on cache-hot data. float16 and
+// bfloat16 always take the streamed path: they are widened to float32 while
+// packing and rounded once while unpacking.
+class MpiBackend : public CollectiveBackend {
+ public:
+  MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config);
+
+  const char* name() const override { return "MPI"; }
+  bool CanExecute(const Response& response) const override;
+  void Execute(const Response& response, std::vector<ExecUnit>& units) override;
+
+ private:
+  struct Piece {
+    const char* in;
+    char* out;
+    int64_t count;  // elements
+    double pre;     // prescale (1 for a joined rank's identity values)
+  };
+
+  void Allreduce(const Response& r, std::vector<ExecUnit>& units);
+  void Allgather(const Response& r, std::vector<ExecUnit>& units);
+  void Broadcast(const Response& r, std::vector<ExecUnit>& units);
+  void Alltoall(const Response& r, std::vector<ExecUnit>& units);
+  void Reducescatter(const Response& r, std::vector<ExecUnit>& units);
+
+  void ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, double post);
+  void ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype, ReduceOp op, double post);
+  // Splits a count past INT_MAX into several calls.
+  void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+
+  MPI_Comm comm_;
+  const MpiOps* ops_;
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t chunk_bytes_;
+  int64_t inplace_min_bytes_;
+  HostScratch scratch_a_;
+  HostScratch scratch_b_;
+  std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
+};
+
+// Rows of dim 0 that set rank `rank` receives when `rows` are scattered over
+// `size` ranks: the first rows % size ranks get one extra row.
+int64_t ReducescatterRows(int64_t rows, int size, int rank);
+
+}  // namespace hvdcompat

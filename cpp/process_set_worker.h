@@ -1,0 +1,95 @@
+// One process set's engine: its communicator, negotiation state (controller,
+// response cache, coordinator on set rank 0), data-plane backends and the
+// background thread that runs them. Sets never share a thread or a
+// communicator, so two sets' traffic does not serialise.
+//
+// Threads: Enqueue/Shutdown are called by API threads; everything else runs
+// on the worker thread. Completion callbacks (HandleTable::Complete) run
+// without holding the worker's lock.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "controller.h"
+#include "engine_stats.h"
+#include "env.h"
+#include "handle_table.h"
+#include "mpi_transport.h"
+#include "ops/backend.h"
+#include "poller.h"
+
+namespace hvdcompat {
+
+class ProcessSetWorker {
+ public:
+  // Takes ownership of `comm` (freed when the worker is destroyed).
+  ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks, const Config& config,
+                   HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats);
+  ~ProcessSetWorker();
+  ProcessSetWorker(const ProcessSetWorker&) = delete;
+  ProcessSetWorker& operator=(const ProcessSetWorker&) = delete;
+
+  int id() const { return id_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  // Hands an op to the worker; its handle completes later. Throws
+  // InvalidArgument when an op with the same name is still in flight. After
+  // the worker stopped, the handle completes at once with the reason.
+  void Enqueue(std::unique_ptr<TensorEntry> entry);
+
+  // Tells the other ranks of the set (one last negotiation cycle), fails
+  // whatever is still pending, and joins the thread. Idempotent.
+  void Shutdown();
+
+ private:
+  void Loop();
+  void Execute(std::vector<Response> responses);
+  void Complete(std::unique_ptr<TensorEntry> entry, Status status);
+  void CompleteByName(const std::string& name, const Status& status);
+  void FailEverything(const Status& status);
+  void ReportStalls(Clock::time_point now);
+
+  const int id_;
+  MPI_Comm comm_;
+  std::vector<int> global_ranks_;
+  Config config_;
+  HandleTable* handles_;
+  EngineStats* stats_;
+  int rank_ = 0;
+
+  std::atomic<bool> abort_{false};
+  Poller poller_;
+  MpiTransport transport_;
+  Controller controller_;
+  std::vector<std::unique_ptr<CollectiveBackend>> backends_;
+
+  // Guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<TensorEntry>> incoming_;
+  std::unordered_set<std::string> in_flight_;
+  bool shutdown_requested_ = false;
+  bool stopped_ = false;
+  Status stop_status_;
+
+  // Worker thread only.
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  Clock::time_point next_stall_report_;
+
+  std::thread thread_;
+};
+
+}  // namespace hvdcompat

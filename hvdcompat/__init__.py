@@ -1,0 +1,20 @@
+"""hvdcompat: Horovod's PyTorch API on a native engine.
+
+    import hvdcompat as hvd      # was: import horovod.torch as hvd
+"""
+
+from hvdcompat.basics import *  # noqa: F401,F403
+from hvdcompat.basics import __all__ as _basics_all
+from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from hvdcompat.ops import *  # noqa: F401,F403
+from hvdcompat.ops import __all__ as _ops_all
+from hvdcompat.process_sets import (
+    ProcessSet, add_process_set, global_process_set, remove_process_set,
+)
+from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule layout)
+
+__version__ = "0.1.0"
+
+__all__ = (list(_basics_all) + list(_ops_all)
+           + ["HorovodInternalError", "HostsUpdatedInterrupt", "ProcessSet", "add_process_set",
+              "global_process_set", "remove_process_set"])

@@ -1,0 +1,87 @@
+"""torch tensor <-> core buffer descriptions, and the checks every op runs."""
+
+import torch
+
+from hvdcompat.basics import _core
+
+__all__ = []
+
+_CODES = {
+    torch.uint8: _core.DTYPES["uint8"],
+    torch.int8: _core.DTYPES["int8"],
+    torch.int16: _core.DTYPES["int16"],
+    torch.int32: _core.DTYPES["int32"],
+    torch.int64: _core.DTYPES["int64"],
+    torch.float16: _core.DTYPES["float16"],
+    torch.bfloat16: _core.DTYPES["bfloat16"],
+    torch.float32: _core.DTYPES["float32"],
+    torch.float64: _core.DTYPES["float64"],
+    torch.bool: _core.DTYPES["bool"],
+}
+
+
+class UnsupportedDtypeError(TypeError, ValueError):
+    """A tensor dtype no collective supports (a TypeError; also a ValueError, as in Horovod)."""
+
+
+def _label(op, name):
+    return f"{op} '{name}'" if name else op
+
+
+def _where():
+    try:
+        return f" on rank {_core.rank()}" if _core.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - only decorates a message
+        return ""
+
+
+def dtype_code(tensor, op, name=None):
+    code = _CODES.get(tensor.dtype)
+    if code is None:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _CODES)
+        raise UnsupportedDtypeError(
+            f"{_label(op, name)}{_where()}: Tensor type {tensor.type()} is not supported "
+            f"(dtype {tensor.dtype}). Supported dtypes: {supported}. Cast the tensor first.")
+    return code
+
+
+def device_of(tensor, op, name=None):
+    dev = tensor.device
+    if dev.type == "cpu":
+        return -1
+    if dev.type == "cuda":
+        from hvdcompat import _gpu
+
+        if not _gpu.cuda_available():
+            raise ValueError(
+                f"{_label(op, name)}{_where()}: got a CUDA tensor ({dev}), but this hvdcompat "
+                "cannot run collectives on CUDA tensors here (no NCCL/CUDA runtime found). Move "
+                "the tensor to the CPU, or install a CUDA build of PyTorch with NCCL.")
+        return dev.index if dev.index is not None else torch.cuda.current_device()
+    raise ValueError(f"{_label(op, name)}{_where()}: tensors on device type '{dev.type}' are not "
+                     "supported; use CPU or CUDA tensors.")
+
+
+def check_tensor(tensor, op, name=None):
+    """Validates one input; returns its (dtype code, device)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{_label(op, name)}{_where()}: expected a torch.Tensor, got "
+                        f"{type(tensor).__name__}")
+    code = dtype_code(tensor, op, name)
+    if not tensor.is_contiguous():
+        raise ValueError(f"{_label(op, name)}{_where()}: Tensor is required to be contiguous. "
+                         "Call .contiguous() on it first.")
+    if tensor.is_sparse:
+        raise ValueError(f"{_label(op, name)}{_where()}: sparse tensors go through "
+                         "hvd.sparse_allreduce_async (or DistributedOptimizer's sparse_as_dense).")
+    return code, device_of(tensor, op, name)
+
+
+def describe(tensor, code, device):
+    """The (pointer, dtype code, shape, device) tuple the core reads."""
+    return (tensor.data_ptr(), code, tuple(tensor.shape), device)
+
+
+def empty_like_contiguous(tensor, shape=None):
+    return torch.empty(tensor.shape if shape is None else shape, dtype=tensor.dtype,
+                       device=tensor.device)

@@ -1,0 +1,339 @@
+"""Asynchronous and in-place collectives (the non-differentiable layer).
+
+Every rank of the process set must call each collective with the same name
+(or, unnamed, in the same order), a matching dtype and a compatible shape;
+an op completes when every member has submitted it. ``root_rank`` is always a
+global rank. The differentiable functional forms live in ``ops.autograd``.
+"""
+
+import warnings
+
+import torch
+
+from hvdcompat.basics import Adasum, Average, Max, Min, Product, Sum, _core
+from hvdcompat.ops import _tensor
+from hvdcompat.ops.handles import _enqueue, synchronize
+from hvdcompat.process_sets import global_process_set
+
+__all__ = [
+    "handle_average_backwards_compatibility",
+    "allreduce_async", "allreduce_async_", "allreduce_",
+    "allgather_async", "broadcast_async", "broadcast_async_", "broadcast_",
+    "alltoall_async", "reducescatter_async", "join", "barrier",
+]
+
+_VALID_OPS = (Average, Sum, Adasum, Min, Max, Product)
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Resolves the deprecated ``average=`` argument into an op (default Average)."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of "
+                             "them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+def _set_rank_size(process_set, op):
+    """(this rank's index, size) in `process_set`; ValueError for non-members."""
+    if process_set.process_set_id is None:
+        raise ValueError(f"{op}: Process set provided does not exist, or has not been "
+                         "registered.")
+    info = _core.process_set_info(process_set.process_set_id) if _core.is_initialized() else None
+    if info is None:
+        if not _core.is_initialized():
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+        raise ValueError(f"{op}: Process set provided does not exist, or has not been "
+                         "registered.")
+    ranks, included, r = info
+    if not included:
+        raise ValueError(f"{op}: Rank {_core.rank()} is not a member of the provided process set "
+                         f"{ranks}. Only members may call collectives on it.")
+    return r, len(ranks)
+
+
+def _check_reduce_op(op, op_name, name, tensors):
+    if op not in _VALID_OPS:
+        raise ValueError(f"{op_name} '{name}': unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
+                         "hvd.Min, hvd.Max or hvd.Product")
+    if op == Adasum:
+        raise NotImplementedError(
+            f"{op_name} '{name}': op=hvd.Adasum is not implemented by hvdcompat yet. Use "
+            "op=hvd.Average (or hvd.Sum).")
+    for t in tensors:
+        if t.dtype == torch.bool and op not in (Min, Max):
+            raise _tensor.UnsupportedDtypeError(
+                f"{op_name} '{name}': bool tensors reduce only with op=hvd.Min (logical and) or "
+                f"op=hvd.Max (logical or), not {_OP_NAMES[op]}. Cast to an integer dtype to "
+                "count.")
+
+
+def _describe_all(tensors, op_name, name):
+    descs = []
+    for t in tensors:
+        code, dev = _tensor.check_tensor(t, op_name, name)
+        descs.append(_tensor.describe(t, code, dev))
+    return descs
+
+
+def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
+                     prefix, finish):
+    op_name = prefix
+    _check_reduce_op(op, op_name, name, tensors)
+    ins = _describe_all(tensors, op_name, name)
+    outs = ins if outputs is tensors else _describe_all(outputs, op_name, name)
+    return _enqueue("allreduce", prefix, name, process_set.process_set_id, ins, outs, finish,
+                    (tuple(tensors), tuple(outputs)), reduce_op=op, prescale=prescale_factor,
+                    postscale=postscale_factor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing `tensor` across the process set; the input is not modified.
+
+    Every rank must call it with the same name (or, unnamed, in the same
+    order), dtype and shape.
+
+    Args:
+        tensor: a contiguous CPU (or CUDA) tensor.
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's in-flight ops.
+        op: hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max or hvd.Product.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: ranks to reduce over (default: all).
+
+    Returns:
+        A handle for :func:`poll` / :func:`synchronize` (which returns the result).
+
+    Raises:
+        ValueError: bad input (non-contiguous, duplicate in-flight name, not a
+            member of the process set, ...); nothing is enqueued.
+        TypeError: unsupported dtype.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    output = _tensor.empty_like_contiguous(tensor)
+    return _allreduce_async([tensor], [output], name, op, prescale_factor, postscale_factor,
+                            process_set, "allreduce", lambda outs, s, j: output)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`allreduce_async`: the result is written into `tensor`."""
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = [tensor]
+    return _allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                            process_set, "allreduce", lambda outs, s, j: tensor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce; returns `tensor` holding the result."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def _gather_finish(outs, splits, join_rank):
+    return torch.from_dlpack(outs[0])
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's `tensor` along dimension 0.
+
+    Dimension 0 may differ between ranks; the other dimensions must match.
+    The result (via :func:`synchronize`) holds the blocks in rank order.
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
+        raise ValueError(f"allgather '{name}': cannot allgather a scalar (0-dim) tensor; "
+                         "reshape it to [1] first.")
+    desc = _describe_all([tensor], "allgather", name)
+    return _enqueue("allgather", "allgather", name, process_set.process_set_id, desc, [],
+                    _gather_finish, (tensor,))
+
+
+def _check_root(root_rank, op_name, name):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        try:
+            root_rank = int(root_rank)
+        except (TypeError, ValueError):
+            raise ValueError(f"{op_name} '{name}': root_rank must be an int, got "
+                             f"{root_rank!r}") from None
+    if _core.is_initialized() and not 0 <= root_rank < _core.size():
+        raise ValueError(f"{op_name} received invalid root rank {root_rank} for tensor '{name}': "
+                         f"it must be a global rank in [0, {_core.size()}).")
+    return root_rank
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set, finish):
+    root_rank = _check_root(root_rank, "broadcast", name)
+    ins = _describe_all([tensor], "broadcast", name)
+    outs = ins if output is tensor else _describe_all([output], "broadcast", name)
+    return _enqueue("broadcast", "broadcast", name, process_set.process_set_id, ins, outs, finish,
+                    (tensor, output), root=root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting `tensor` from global rank `root_rank`; the input is not modified."""
+    output = _tensor.empty_like_contiguous(tensor)
+    return _broadcast_async(tensor, output, root_rank, name, process_set,
+                            lambda outs, s, j: output)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place :func:`broadcast_async`: non-root ranks receive into `tensor`."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set,
+                            lambda outs, s, j: tensor)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast from global rank `root_rank`; returns `tensor`."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def _splits_list(tensor, splits, set_size, name):
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % set_size:
+            raise ValueError(
+                f"alltoall '{name}': splits not provided, but first dimension of tensor is not "
+                f"an even multiple of the number of workers ({rows} rows, {set_size} ranks). "
+                "Pass splits=[rows for each rank].")
+        return [rows // set_size] * set_size
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1:
+            raise ValueError(f"alltoall '{name}': alltoall expects a 1D splits tensor (got "
+                             f"{splits.dim()}D)")
+        if splits.dtype != torch.int32:
+            raise ValueError(f"alltoall '{name}': alltoall expects splits to contain 32-bit "
+                             f"integer elements (got {splits.dtype})")
+        values = [int(v) for v in splits.cpu().tolist()]
+    else:
+        values = [int(v) for v in splits]
+    if len(values) != set_size:
+        raise ValueError(f"alltoall '{name}': Number of entries in splits ({len(values)}) does not "
+                         f"equal number of workers ({set_size}).")
+    if any(v < 0 for v in values):
+        raise ValueError(f"alltoall '{name}': splits must be non-negative, got {values}")
+    if sum(values) > rows:
+        raise ValueError(f"alltoall '{name}': Sum of splits entries ({sum(values)}) is greater "
+                         f"than the first dimension of tensor ({rows}).")
+    return values
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an all-to-all: rank i sends rows [sum(splits[:j]), sum(splits[:j+1])) to rank j.
+
+    Args:
+        tensor: input; dimensions after the first must match on every rank.
+        splits: rows sent to each rank of the set (list or 1-D int32 tensor);
+            None splits dimension 0 equally.
+
+    Returns:
+        A handle; :func:`synchronize` returns ``(output, received_splits)``.
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
+        raise ValueError(f"alltoall '{name}': cannot alltoall a scalar (0-dim) tensor.")
+    _, set_size = _set_rank_size(process_set, "Alltoall")
+    values = _splits_list(tensor, splits, set_size, name)
+    desc = _describe_all([tensor], "alltoall", name)
+    if isinstance(splits, torch.Tensor):
+        make_recv = lambda v: torch.tensor(v, dtype=splits.dtype).to(splits.device)  # noqa: E731
+    else:
+        make_recv = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+
+    def finish(outs, received, join_rank):
+        return torch.from_dlpack(outs[0]), make_recv(received[0])
+
+    return _enqueue("alltoall", "alltoall", name, process_set.process_set_id, desc, [], finish,
+                    (tensor,), splits=[values])
+
+
+def _reducescatter_shape(tensor, set_rank, set_size):
+    rows = _core.reducescatter_rows(tensor.shape[0], set_size, set_rank)
+    return (rows,) + tuple(tensor.shape[1:])
+
+
+def _check_reducescatter(tensors, op, name):
+    if op == Adasum:
+        raise NotImplementedError(f"reducescatter '{name}': op=hvd.Adasum is not supported; use "
+                                  "hvd.Average or hvd.Sum.")
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise ValueError(f"reducescatter '{name}': Reducescatter does not support scalar "
+                             "inputs; reshape to [1] or use allreduce.")
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing `tensor` and scattering dimension 0 across the set.
+
+    Rank r (of the set) receives rows of the reduced tensor: with
+    ``q, m = divmod(dim0, size)``, ranks below m get q + 1 rows, the others q,
+    in rank order. Shapes must be identical on every rank.
+    """
+    _check_reducescatter([tensor], op, name)
+    _check_reduce_op(op, "reducescatter", name, [tensor])
+    set_rank, set_size = _set_rank_size(process_set, "Reducescatter")
+    output = _tensor.empty_like_contiguous(tensor, _reducescatter_shape(tensor, set_rank, set_size))
+    ins = _describe_all([tensor], "reducescatter", name)
+    outs = _describe_all([output], "reducescatter", name)
+    return _enqueue("reducescatter", "reducescatter", name, process_set.process_set_id, ins, outs,
+                    lambda o, s, j: output, (tensor, output), reduce_op=op,
+                    prescale=prescale_factor, postscale=postscale_factor)
+
+
+_join_count = [0]
+_barrier_counts = {}
+
+
+def _reset_counters():
+    _join_count[0] = 0
+    _barrier_counts.clear()
+
+
+from hvdcompat.basics import _on_init, _on_shutdown  # noqa: E402
+
+_on_init.append(_reset_counters)
+_on_shutdown.append(_reset_counters)
+
+
+def join(device=-1):
+    """Declares that this rank has no more data; blocks until every rank has joined.
+
+    While a rank is joined, allreduces submitted by the other ranks complete
+    with the joined rank contributing zeros (Average still divides by the full
+    size); other collectives fail while any rank is joined.
+
+    Args:
+        device: accepted for compatibility; joined ranks contribute on the
+            device of the tensors being reduced.
+
+    Returns:
+        The global rank that joined last (the same on every rank).
+    """
+    name = f"{_join_count[0]}"
+    handle = _enqueue("join", "join", name, 0, [], [], lambda o, s, j: j, ())
+    _join_count[0] += 1
+    return synchronize(handle)
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of `process_set` has called barrier.
+
+    Pending asynchronous ops do not hold it up.
+    """
+    pid = process_set.process_set_id
+    if pid is not None and _core.is_initialized():
+        _set_rank_size(process_set, "Barrier")
+    k = _barrier_counts.get(pid, 0)
+    handle = _enqueue("barrier", "barrier", f"{k}", pid if pid is not None else -1, [], [],
+                      lambda o, s, j: None, ())
+    _barrier_counts[pid] = k + 1
+    synchronize(handle)

@@ -1,0 +1,86 @@
+"""Grouped collectives: a list of tensors negotiated and fused as one unit.
+
+Every rank must pass lists of the same length, dtype and (per op) shapes.
+"""
+
+import torch
+
+from hvdcompat.basics import Average
+from hvdcompat.ops import _tensor
+from hvdcompat.ops.collectives import (
+    _allreduce_async, _check_reduce_op, _check_reducescatter, _describe_all,
+    _reducescatter_shape, _set_rank_size, handle_average_backwards_compatibility,
+)
+from hvdcompat.ops.handles import _enqueue, synchronize
+from hvdcompat.process_sets import global_process_set
+
+__all__ = [
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_allreduce_",
+    "grouped_allgather_async", "grouped_reducescatter_async",
+]
+
+
+def _as_list(tensors, op):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{op}: the list of tensors is empty; pass at least one tensor")
+    return tensors
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts one fused allreduce of every tensor in `tensors`; inputs are not modified.
+
+    Returns:
+        A handle; :func:`synchronize` returns a tuple of outputs.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = _as_list(tensors, "grouped_allreduce")
+    outputs = [_tensor.empty_like_contiguous(t) for t in tensors]
+    return _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                            process_set, "grouped_allreduce",
+                            lambda o, s, j: tuple(outputs))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`grouped_allreduce_async`."""
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = _as_list(tensors, "grouped_allreduce")
+    return _allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                            process_set, "grouped_allreduce", lambda o, s, j: tuple(tensors))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns the input tensors as a tuple."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts one fused allgather of every tensor; :func:`synchronize` returns a tuple."""
+    tensors = _as_list(tensors, "grouped_allgather")
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise ValueError(f"grouped_allgather '{name}': cannot allgather a scalar (0-dim) "
+                             "tensor; reshape it to [1] first.")
+    descs = _describe_all(tensors, "grouped_allgather", name)
+    return _enqueue("allgather", "grouped_allgather", name, process_set.process_set_id, descs, [],
+                    lambda outs, s, j: tuple(torch.from_dlpack(o) for o in outs), tuple(tensors))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts one fused reducescatter of every tensor; :func:`synchronize` returns a tuple."""
+    tensors = _as_list(tensors, "grouped_reducescatter")
+    _check_reducescatter(tensors, op, name)
+    _check_reduce_op(op, "grouped_reducescatter", name, tensors)
+    set_rank, set_size = _set_rank_size(process_set, "Reducescatter")
+    outputs = [_tensor.empty_like_contiguous(t, _reducescatter_shape(t, set_rank, set_size))
+               for t in tensors]
+    ins = _describe_all(tensors, "grouped_reducescatter", name)
+    outs = _describe_all(outputs, "grouped_reducescatter", name)
+    return _enqueue("reducescatter", "grouped_reducescatter", name, process_set.process_set_id,
+                    ins, outs, lambda o, s, j: tuple(outputs), (tuple(tensors), tuple(outputs)),
+                    reduce_op=op, prescale=prescale_factor, postscale=postscale_factor)

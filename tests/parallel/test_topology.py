@@ -1,0 +1,96 @@
+"""Topology and lifecycle queries agree with the launcher and across ranks."""
+
+import os
+import socket
+import zlib
+
+import pytest
+import torch
+
+import hvdcompat as hvd
+
+
+def test_rank_and_size_match_the_launcher():
+    assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.is_initialized()
+
+
+def test_local_and_cross_topology_is_consistent():
+    n = hvd.size()
+    mine = torch.tensor([[hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                          hvd.cross_size(), zlib.crc32(socket.gethostname().encode())]],
+                        dtype=torch.int64)
+    table = hvd.allgather(mine, name="topology")
+    assert table.shape == (n, 6)
+    assert table[:, 0].tolist() == list(range(n))
+    for host in set(table[:, 5].tolist()):
+        rows = table[table[:, 5] == host]
+        # local ranks on a host are 0..local_size-1 and every rank agrees on local_size
+        assert sorted(rows[:, 1].tolist()) == list(range(len(rows)))
+        assert set(rows[:, 2].tolist()) == {len(rows)}
+    # ranks sharing a local_rank form the cross communicator
+    for lr in set(table[:, 1].tolist()):
+        rows = table[table[:, 1] == lr]
+        assert sorted(rows[:, 3].tolist()) == list(range(len(rows)))
+        assert set(rows[:, 4].tolist()) == {len(rows)}
+    hosts = len(set(table[:, 5].tolist()))
+    sizes = {int(r[2]) for r in table}
+    assert hvd.is_homogeneous() == (len(sizes) == 1)
+    assert hvd.cross_size() == sum(1 for h in set(table[:, 5].tolist())
+                                   if (table[table[:, 5] == h][:, 1] == hvd.local_rank()).any())
+    assert hosts >= 1
+
+
+def test_build_queries_answer_without_raising():
+    assert hvd.mpi_built() is True and hvd.mpi_enabled() is True
+    assert hvd.gloo_built() is False and hvd.gloo_enabled() is False
+    assert isinstance(hvd.nccl_built(), int)
+    assert isinstance(hvd.cuda_built(), bool)
+    assert hvd.ddl_built() is False and hvd.ccl_built() is False and hvd.rocm_built() is False
+    assert isinstance(hvd.mpi_threads_supported(), bool)
+
+
+def test_shutdown_then_init_again_works_many_times():
+    for cycle in range(5):
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+        with pytest.raises(ValueError, match=r"Horovod has not been initialized; use hvd.init\(\)\."):
+            hvd.rank()
+        hvd.init()
+        out = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name=f"cycle{cycle}")
+        assert out.item() == sum(range(hvd.size()))
+
+
+def test_second_init_is_harmless():
+    hvd.init()
+    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+
+
+def test_init_with_an_mpi4py_communicator_and_a_rank_list():
+    from mpi4py import MPI
+
+    hvd.shutdown()
+    # Reverse the rank order: hvdcompat ranks follow the given communicator.
+    world = MPI.COMM_WORLD
+    comm = world.Split(color=0, key=world.Get_size() - 1 - world.Get_rank())
+    hvd.init(comm)
+    assert hvd.rank() == world.Get_size() - 1 - world.Get_rank()
+    out = hvd.allgather(torch.tensor([world.Get_rank()]), name="order")
+    assert out.tolist() == list(reversed(range(world.Get_size())))
+    # User traffic on the communicator does not interfere with ours.
+    assert comm.allreduce(1) == world.Get_size()
+    hvd.shutdown()
+    comm.Free()
+
+    hvd.init(comm=list(range(world.Get_size())))
+    assert hvd.rank() == world.Get_rank()
+    hvd.shutdown()
+    hvd.init()
+
+
+def test_ops_after_shutdown_raise_clearly():
+    hvd.shutdown()
+    with pytest.raises(ValueError, match="not been initialized"):
+        hvd.allreduce(torch.ones(2))
+    hvd.init()

@@ -1,0 +1,21 @@
+"""Runs every tests/parallel/test_*.py under mpirun with 2 and with 3 ranks."""
+
+import glob
+import os
+
+import pytest
+
+from harness import REPO, run_pytest_ranks
+
+FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "tests", "parallel",
+                                                                  "test_*.py")))
+# Wall-clock limit per launch; a hang fails the test with every rank's stacks.
+TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
+
+
+@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("name", FILES)
+def test_parallel_file(name, np):
+    path = os.path.join("tests", "parallel", name)
+    result = run_pytest_ranks(np, path, timeout=TIMEOUT)
+    assert "passed" in result.output, result.output

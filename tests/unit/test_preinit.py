@@ -1,0 +1,50 @@
+"""Behaviour before hvd.init(), checked in a fresh interpreter (no MPI started)."""
+
+import subprocess
+import sys
+import textwrap
+
+from harness import mpi_env
+
+
+def _run(code):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=mpi_env(), timeout=120)
+
+
+def test_topology_before_init_raises_horovods_value_error():
+    r = _run("""
+        import hvdcompat as hvd
+        for fn in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_rank,
+                   hvd.cross_size, hvd.mpi_threads_supported):
+            try:
+                fn()
+            except ValueError as e:
+                assert str(e) == 'Horovod has not been initialized; use hvd.init().', str(e)
+            else:
+                raise SystemExit(fn.__name__ + ' did not raise')
+        assert not hvd.is_initialized()
+        # build probes work before init
+        assert hvd.mpi_built() and not hvd.gloo_built() and hvd.nccl_built() == 0
+        print('ok')
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_import_order_with_torch_does_not_matter():
+    for code in ("import hvdcompat, torch", "import torch, hvdcompat"):
+        r = _run(code + "; print('ok')")
+        assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_core_does_not_link_torch():
+    import glob
+    import os
+
+    import hvdcompat
+
+    so = glob.glob(os.path.join(os.path.dirname(hvdcompat.__file__), "_core*.so"))
+    assert so, "extension not built"
+    out = subprocess.run(["ldd", so[0]], capture_output=True, text=True).stdout
+    assert "libmpi" in out
+    assert "torch" not in out and "c10" not in out, out
