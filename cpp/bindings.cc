@@ -219,6 +219,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_threads_supported", [] { return Rt().mpi().threads_supported(); });
   m.def("dynamic_process_sets", [] { return Rt().dynamic_process_sets(); });
   m.def("enqueue", &Enqueue);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    Runtime& rt = Rt();
+    py::gil_scoped_release release;
+    rt.StartTimeline(path, mark_cycles);
+  });
+  m.def("stop_timeline", [] {
+    Runtime& rt = Rt();
+    py::gil_scoped_release release;
+    rt.StopTimeline();
+  });
   m.def("poll", [](int h) { return Rt().handles().Poll(h); });
   m.def("wait", &Wait);
   m.def("add_process_set", [](std::vector<int> ranks) {

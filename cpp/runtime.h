@@ -19,6 +19,7 @@
 #include "handle_table.h"
 #include "mpi_context.h"
 #include "process_set_worker.h"
+#include "timeline.h"
 
 namespace hvdcompat {
 
@@ -64,6 +65,11 @@ class Runtime {
   EngineStats& stats() { return stats_; }
   bool dynamic_process_sets() const { return dynamic_; }
 
+  // Timeline written by rank 0 (other ranks record nothing). StartTimeline
+  // throws InvalidArgument unless HOROVOD_TIMELINE=DYNAMIC was set at init.
+  void StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
+
   // Validates, registers a handle and hands the op to its process set.
   // Throws InvalidArgument for the caller's mistakes (nothing is enqueued).
   int Enqueue(EnqueueArgs args);
@@ -82,6 +88,7 @@ class Runtime {
   std::unique_ptr<MpiContext> mpi_;
   HandleTable handles_;
   EngineStats stats_;
+  Timeline timeline_;  // outlives the workers (declared before them)
   bool dynamic_;
 
   mutable std::mutex sets_mu_;
