@@ -67,8 +67,8 @@ StallInspector::StallInspector(MPI_Comm comm, std::vector<int> global_ranks, int
     : comm_(comm),
       global_ranks_(std::move(global_ranks)),
       process_set_id_(process_set_id),
-      check_seconds_(check_seconds) {
-  MPI_Comm_rank(comm_, &rank_);
+      check_seconds_(comm == MPI_COMM_NULL ? 0 : check_seconds) {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_rank(comm_, &rank_);
   // Reports arrive a few times per check period, at most once a second.
   double interval = std::max(1.0, check_seconds_ / 4);
   report_interval_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval));
