@@ -48,16 +48,21 @@ Runtime::Runtime(const InitOptions& options)
 }
 
 Runtime::~Runtime() {
+  Stop();
+  mpi_.reset();
+}
+
+void Runtime::Stop() {
   std::map<int, std::shared_ptr<ProcessSetWorker>> workers;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
+    stopped_ = true;
     workers.swap(workers_);
   }
   // Sub-sets first, the global set last: its shutdown cycle tells everyone.
   for (auto it = workers.rbegin(); it != workers.rend(); ++it) it->second->Shutdown();
   workers.clear();
   timeline_.Stop();
-  mpi_.reset();
 }
 
 void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
@@ -80,6 +85,11 @@ int Runtime::Enqueue(EnqueueArgs args) {
   std::shared_ptr<ProcessSetWorker> worker;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
+    if (stopped_) {
+      throw InvalidArgument(OpLabel(args.op) + " '" + args.name +
+                            "': hvdcompat has been shut down on this rank; call hvd.init() "
+                            "before further collectives.");
+    }
     auto w = workers_.find(args.process_set);
     if (w == workers_.end()) {
       if (set_ranks_.count(args.process_set)) {

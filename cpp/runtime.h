@@ -55,7 +55,11 @@ struct ProcessSetInfo {
 class Runtime {
  public:
   explicit Runtime(const InitOptions& options);
+  // Stop()s, then frees the communicators.
   ~Runtime();
+  // Shuts every process set down (pending ops fail, waiters wake up).
+  // Idempotent; the object stays valid for threads still holding it.
+  void Stop();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -92,6 +96,7 @@ class Runtime {
   bool dynamic_;
 
   mutable std::mutex sets_mu_;
+  bool stopped_ = false;  // guarded by sets_mu_
   std::map<int, std::vector<int>> set_ranks_;                     // every registered set
   std::map<int, std::shared_ptr<ProcessSetWorker>> workers_;      // sets this rank is in
   std::deque<int> free_ids_;
