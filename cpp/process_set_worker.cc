@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fusion.h"
+#include "gpu/gpu_backends.h"
 #include "logging.h"
 #include "ops/mpi_ops.h"
 
@@ -23,7 +24,7 @@ std::string JoinInts(const std::vector<int>& v) {
 
 ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks,
                                    const Config& config, HandleTable* handles,
-                                   const MpiOps* mpi_ops, EngineStats* stats)
+                                   const MpiOps* mpi_ops, EngineStats* stats, GpuContext* gpu)
     : id_(id),
       comm_(comm),
       global_ranks_(std::move(global_ranks)),
@@ -35,6 +36,7 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
       controller_(&transport_, static_cast<size_t>(config.cache_capacity), global_ranks_, id,
                   stats) {
   rank_ = transport_.rank();
+  AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
   next_stall_report_ = Clock::now();
   thread_ = std::thread([this] { Loop(); });

@@ -16,6 +16,7 @@
 
 #include "engine_stats.h"
 #include "env.h"
+#include "gpu/gpu_context.h"
 #include "handle_table.h"
 #include "mpi_context.h"
 #include "process_set_worker.h"
@@ -42,6 +43,7 @@ struct EnqueueArgs {
   std::vector<BufferDesc> inputs;
   std::vector<BufferDesc> outputs;
   std::vector<std::vector<int64_t>> splits;
+  void* stream = nullptr;  // CUDA inputs: their producer's stream (a cudaStream_t)
 };
 
 struct ProcessSetInfo {
@@ -62,6 +64,7 @@ class Runtime {
   const Config& config() const { return config_; }
   HandleTable& handles() { return handles_; }
   EngineStats& stats() { return stats_; }
+  GpuContext& gpu() { return *gpu_; }
   bool dynamic_process_sets() const { return dynamic_; }
 
   // Validates, registers a handle and hands the op to its process set.
@@ -83,6 +86,7 @@ class Runtime {
   HandleTable handles_;
   EngineStats stats_;
   bool dynamic_;
+  std::unique_ptr<GpuContext> gpu_;  // outlives the workers that use it
 
   mutable std::mutex sets_mu_;
   std::map<int, std::vector<int>> set_ranks_;                     // every registered set
