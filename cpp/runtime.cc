@@ -134,6 +134,10 @@ int Runtime::Enqueue(EnqueueArgs args) {
   if (q.device != kCpuDevice) {
     entry->ready = gpu_->PrepareEnqueue(std::string(OpTypeName(args.op)) + " '" + q.name + "'",
                                         q.device, args.stream);
+    // Ranks negotiate the kind of device, not its index: each rank drives its
+    // own GPU (its index stays in the buffers), and a cached response must
+    // serve every rank.
+    q.device = 0;
   }
   entry->inputs = std::move(args.inputs);
   entry->outputs = std::move(args.outputs);
