@@ -13,7 +13,7 @@
 #ifndef HVDCOMPAT_THIRD_PARTY_CUDA_RUNTIME_MIN_H_
 #define HVDCOMPAT_THIRD_PARTY_CUDA_RUNTIME_MIN_H_
 
-#if defined(__CUDA_RUNTIME_API_H__)
+#if defined(__CUDA_RUNTIME_API_H__) && !defined(HVDCOMPAT_ABI_CHECK)
 #error "cuda_runtime_min.h must not be mixed with the CUDA toolkit's headers"
 #endif
 

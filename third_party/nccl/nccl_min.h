@@ -14,7 +14,7 @@
 #ifndef HVDCOMPAT_THIRD_PARTY_NCCL_MIN_H_
 #define HVDCOMPAT_THIRD_PARTY_NCCL_MIN_H_
 
-#if defined(NCCL_H_)
+#if defined(NCCL_H_) && !defined(HVDCOMPAT_ABI_CHECK)
 #error "nccl_min.h must not be mixed with NCCL's own nccl.h"
 #endif
 
