@@ -1,6 +1,6 @@
 """The GPU data plane end to end on CPU-only machines, against a fake CUDA/NCCL.
 
-tests/gpu_fake/fake_gpu.cc implements the slice of libcudart and libnccl the
+tests/gpu_fake/fake_cudart.cc + fake_nccl.cc implements the slice of libcudart and libnccl the
 core loads, on host memory, with collectives between mpirun ranks going
 through files. The core loads it exactly as it loads the real libraries
 (HVDCOMPAT_CUDART_LIB / HVDCOMPAT_NCCL_LIB), so every backend path runs:

@@ -1,4 +1,4 @@
-"""Builds tests/gpu_fake/fake_gpu.cc into a shared library (used by the GPU tests)."""
+"""Builds the fake CUDA runtime + NCCL (tests/gpu_fake/*.cc) into one shared library."""
 
 import os
 import shutil
@@ -17,7 +17,8 @@ def build_fake_gpu(out_dir):
     if cxx is None:
         return None
     out = os.path.join(str(out_dir), "libfakegpu.so")
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-I",
-                    os.path.join(REPO, "third_party"), os.path.join(HERE, "fake_gpu.cc"),
-                    "-o", out], check=True, capture_output=True, text=True, timeout=300)
+    sources = [os.path.join(HERE, f) for f in ("fake_cudart.cc", "fake_nccl.cc")]
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-I",
+                    os.path.join(REPO, "third_party"), *sources, "-o", out],
+                   check=True, capture_output=True, text=True, timeout=300)
     return out

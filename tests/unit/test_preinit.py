@@ -47,4 +47,6 @@ def test_core_does_not_link_torch():
     assert so, "extension not built"
     out = subprocess.run(["ldd", so[0]], capture_output=True, text=True).stdout
     assert "libmpi" in out
-    assert "torch" not in out and "c10" not in out, out
+    # Library names only: load addresses are random hex and may contain "c10".
+    names = " ".join(line.split()[0] for line in out.splitlines() if line.strip())
+    assert "torch" not in names and "c10" not in names, out
