@@ -183,6 +183,20 @@ void EventPool::Release(cudaEvent_t event) {
   free_.push_back(event);
 }
 
+cudaStream_t CreateEngineStream() {
+  const CudaApi& cuda = Cuda();
+  cudaStream_t stream = nullptr;
+  int least = 0, greatest = 0;
+  if (cuda.StreamCreateWithPriority && cuda.DeviceGetStreamPriorityRange &&
+      cuda.DeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess) {
+    HVD_CUDA_CHECK(
+        cuda.StreamCreateWithPriority(&stream, HVD_CUDA_STREAM_NON_BLOCKING, greatest));
+  } else {
+    HVD_CUDA_CHECK(cuda.StreamCreateWithFlags(&stream, HVD_CUDA_STREAM_NON_BLOCKING));
+  }
+  return stream;
+}
+
 std::unique_ptr<ReadyEvent> RecordReadyEvent(const std::shared_ptr<EventPool>& pool,
                                              cudaStream_t stream) {
   cudaEvent_t e = pool->Acquire();

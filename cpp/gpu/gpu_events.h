@@ -86,6 +86,10 @@ class AsyncErrorSource {
   virtual std::string PollAndAbortOnError() = 0;
 };
 
+// A non-blocking stream of the current device for engine work, at the
+// highest priority the device offers (when the runtime can say).
+cudaStream_t CreateEngineStream();
+
 // Producer event recorded on `stream` of the pool's device.
 std::unique_ptr<ReadyEvent> RecordReadyEvent(const std::shared_ptr<EventPool>& pool,
                                              cudaStream_t stream);

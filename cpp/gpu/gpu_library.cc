@@ -75,6 +75,8 @@ void BindCuda(void* h, const std::string& path, CudaApi* api) {
   Require(h, path, "cudaMemcpyAsync", &api->MemcpyAsync);
   Require(h, path, "cudaMemcpy2DAsync", &api->Memcpy2DAsync);
   Require(h, path, "cudaMemsetAsync", &api->MemsetAsync);
+  Optional(h, "cudaStreamCreateWithPriority", &api->StreamCreateWithPriority);
+  Optional(h, "cudaDeviceGetStreamPriorityRange", &api->DeviceGetStreamPriorityRange);
   Optional(h, "cudaMallocAsync", &api->MallocAsync);
   Optional(h, "cudaFreeAsync", &api->FreeAsync);
   int v = 0;

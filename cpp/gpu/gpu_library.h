@@ -55,6 +55,10 @@ struct CudaApi {
   cudaMemcpyAsync_fn MemcpyAsync = nullptr;
   cudaMemcpy2DAsync_fn Memcpy2DAsync = nullptr;
   cudaMemsetAsync_fn MemsetAsync = nullptr;
+  // Optional: high-priority engine streams, so collectives are not queued
+  // behind compute kernels.
+  cudaStreamCreateWithPriority_fn StreamCreateWithPriority = nullptr;
+  cudaDeviceGetStreamPriorityRange_fn DeviceGetStreamPriorityRange = nullptr;
   // Optional (CUDA 11.2+): stream-ordered allocation of outputs.
   cudaMallocAsync_fn MallocAsync = nullptr;
   cudaFreeAsync_fn FreeAsync = nullptr;

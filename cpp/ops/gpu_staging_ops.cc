@@ -37,7 +37,7 @@ void StagedGpuBackend::Setup() {
   device_ = gpu_->Device();
   events_ = gpu_->Events();
   DeviceGuard guard(device_);
-  HVD_CUDA_CHECK(Cuda().StreamCreateWithFlags(&stream_, HVD_CUDA_STREAM_NON_BLOCKING));
+  stream_ = CreateEngineStream();
 }
 
 void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {

@@ -121,7 +121,7 @@ void NcclBackend::Setup() {
     for (int64_t i = 0; i < config_.num_nccl_streams; ++i) {
       lanes_.push_back(std::make_unique<Lane>());
       Lane& lane = *lanes_.back();
-      HVD_CUDA_CHECK(Cuda().StreamCreateWithFlags(&lane.stream, HVD_CUDA_STREAM_NON_BLOCKING));
+      lane.stream = CreateEngineStream();
       lane.comm = std::make_shared<NcclComm>(
           comm_, device_, "NCCL communicator " + std::to_string(i) + " of this process set");
       lane.sources.push_back(lane.comm);

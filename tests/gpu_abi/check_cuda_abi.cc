@@ -35,6 +35,8 @@ HVD_SAME_SIG(ours::cudaGetDevice_fn, cudaGetDevice);
 HVD_SAME_SIG(ours::cudaSetDevice_fn, cudaSetDevice);
 HVD_SAME_SIG(ours::cudaDeviceGetPCIBusId_fn, cudaDeviceGetPCIBusId);
 HVD_SAME_SIG(ours::cudaStreamCreateWithFlags_fn, cudaStreamCreateWithFlags);
+HVD_SAME_SIG(ours::cudaStreamCreateWithPriority_fn, cudaStreamCreateWithPriority);
+HVD_SAME_SIG(ours::cudaDeviceGetStreamPriorityRange_fn, cudaDeviceGetStreamPriorityRange);
 HVD_SAME_SIG(ours::cudaStreamDestroy_fn, cudaStreamDestroy);
 HVD_SAME_SIG(ours::cudaStreamSynchronize_fn, cudaStreamSynchronize);
 HVD_SAME_SIG(ours::cudaStreamWaitEvent_fn, cudaStreamWaitEvent);

@@ -135,6 +135,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   g_stats[kStreamsLive]++;
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+  if (priority < -5 || priority > 0) return static_cast<cudaError_t>(1);
+  return cudaStreamCreateWithFlags(s, flags);
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete[] reinterpret_cast<char*>(s);
   g_stats[kStreamsLive]--;

@@ -62,6 +62,10 @@ typedef cudaError_t (*cudaSetDevice_fn)(int device);
 typedef cudaError_t (*cudaDeviceGetPCIBusId_fn)(char* pci_bus_id, int len, int device);
 
 typedef cudaError_t (*cudaStreamCreateWithFlags_fn)(cudaStream_t* stream, unsigned int flags);
+typedef cudaError_t (*cudaStreamCreateWithPriority_fn)(cudaStream_t* stream, unsigned int flags,
+                                                       int priority);
+typedef cudaError_t (*cudaDeviceGetStreamPriorityRange_fn)(int* least_priority,
+                                                           int* greatest_priority);
 typedef cudaError_t (*cudaStreamDestroy_fn)(cudaStream_t stream);
 typedef cudaError_t (*cudaStreamSynchronize_fn)(cudaStream_t stream);
 typedef cudaError_t (*cudaStreamWaitEvent_fn)(cudaStream_t stream, cudaEvent_t event,
