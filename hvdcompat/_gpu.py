@@ -13,14 +13,15 @@ import importlib.util
 import os
 import threading
 
-from hvdcompat.basics import _core
+from hvdcompat.basics import _core, _on_init, _on_shutdown
 
 __all__ = ["nccl_version", "cuda_available", "unavailable_reason", "library_info",
            "current_stream"]
 
 _lock = threading.Lock()
 _paths_given = [False]
-_reasons = {}
+_reasons = {}  # HOROVOD_GPU_OPERATIONS=MPI? -> reason
+_running = [None]  # the running engine's answer
 
 
 def _package_dirs(name):
@@ -84,15 +85,28 @@ def unavailable_reason():
     """Why CUDA tensors cannot run here ('' when they can).
 
     NCCL is needed unless ``HOROVOD_GPU_OPERATIONS=MPI``; the CUDA runtime and
-    a visible device always are.
+    a visible device always are. While initialised, the answer is cached
+    (every op on a CUDA tensor asks).
     """
+    if _running[0] is not None:
+        return _running[0]
     _give_search_paths()
     mpi = _gpu_operations_mpi()
     reason = _reasons.get(mpi)
     if reason is None:
         reason = _core.gpu_unavailable_reason(mpi)
         _reasons[mpi] = reason
+    if _core.is_initialized():
+        _running[0] = reason
     return reason
+
+
+def _forget_running():
+    _running[0] = None
+
+
+_on_init.append(_forget_running)
+_on_shutdown.append(_forget_running)
 
 
 def cuda_available():

@@ -15,8 +15,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waits with a short spin, then sleeps growing to 1 ms: a collective that is
-// about to finish is seen quickly, a long one costs no core.
+// Waits with a short spin, then sleeps growing to 200 us: a collective that
+// is about to finish is seen quickly, a long one costs little CPU and is
+// noticed within a fraction of a millisecond.
 class Backoff {
  public:
   void Pause() {
@@ -25,7 +26,7 @@ class Backoff {
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    sleep_us_ = std::min<int64_t>(sleep_us_ * 2, 1000);
+    sleep_us_ = std::min<int64_t>(sleep_us_ * 2, 200);
   }
 
  private:
