@@ -37,8 +37,10 @@ class _SparseAllreduceHandle:
                 else:
                     # Integer Average truncates toward zero, like the dense allreduce.
                     values = torch.div(values, self._divisor, rounding_mode="trunc")
+            # Indices come from other ranks: check them rather than trust them.
             self._result = torch.sparse_coo_tensor(indices.t(), values, self._shape,
-                                                   dtype=values.dtype, device=values.device)
+                                                   dtype=values.dtype, device=values.device,
+                                                   check_invariants=True)
         return self._result
 
 
