@@ -13,10 +13,11 @@ allreduce is named after it (``_parameter_names``, Horovod's names). Two
 optimizers whose models share parameter names (a GAN's generator and
 discriminator built from the same blocks) would submit equal names at the
 same time; so the second and later optimizers communicating on a process set
-prefix their names with ``optimizer<k>.`` where k counts, per process set,
-the optimizers created before it. The first optimizer keeps Horovod's exact
-names. Every member rank must therefore create its communicating optimizers
-in the same order, which scripts that build the same models on every rank do.
+prefix their names with ``optimizer<k>.``, where k counts the optimizers
+created before it on a set with the same member ranks. The first optimizer
+keeps Horovod's exact names. Every member rank must therefore create its
+communicating optimizers in the same order, which scripts that build the
+same models on every rank do.
 """
 
 import contextlib
@@ -37,7 +38,8 @@ from hvdcompat.process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
 
-# process set id -> optimizers created so far that communicate on it (Note [Operation names]).
+# member ranks of a process set -> optimizers created so far that communicate on it
+# (Note [Operation names]).
 _optimizers_per_set = {}
 # wrapped optimizer class -> its distributed subclass (one per class keeps isinstance stable).
 _wrapped_classes = {}
@@ -99,9 +101,11 @@ class _DistributedOptimizer:
         self._communicates = bool(process_set.included()) and (
             process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if self._communicates:
-            pid = process_set.process_set_id
-            index = _optimizers_per_set.get(pid, 0)
-            _optimizers_per_set[pid] = index + 1
+            # Keyed by the member ranks, not the set id: ids are reused after
+            # remove_process_set, and a reused id may have other members.
+            key = tuple(process_set.ranks)
+            index = _optimizers_per_set.get(key, 0)
+            _optimizers_per_set[key] = index + 1
             self._name_prefix = f"optimizer{index}." if index else ""
             self._register_hooks()
 

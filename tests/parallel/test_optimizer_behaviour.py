@@ -310,3 +310,29 @@ def test_sparse_embedding_gradients_both_ways():
             ref_opt.step()
         assert (emb.weight - ref.weight).abs().max() < 1e-5, sparse_as_dense
         assert_same_on_every_rank(emb.weight.detach(), f"embedding_{sparse_as_dense}")
+
+
+def test_a_reused_process_set_id_does_not_shift_operation_names():
+    """Names count optimizers per member-rank set, so an id recycled for other ranks is safe."""
+    r, n = hvd.rank(), hvd.size()
+
+    def one_step(ps):
+        model = mlp(28)
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters(), process_set=ps)
+        x, y = global_batch(0, n)
+        opt.zero_grad()
+        mse(model(my_rows(x, r)), my_rows(y, r)).backward()
+        opt.step()
+        return opt
+
+    first = hvd.add_process_set(list(range(0, n - 1)))
+    first_id = first.process_set_id
+    one_step(first)
+    hvd.remove_process_set(first)
+    second = hvd.add_process_set(list(range(1, n)))
+    assert second.process_set_id == first_id
+    opt = one_step(second)
+    if r >= 1 and n > 2:
+        assert opt._name_prefix == ""
+    hvd.remove_process_set(second)
