@@ -112,17 +112,16 @@ class _DistributedOptimizer:
     # ----- construction -------------------------------------------------------------------
 
     def _auto_names(self):
-        names = {}
-        for i, group in enumerate(self.param_groups):
-            given = group.get("param_names")
-            for j, p in enumerate(group["params"]):
-                names[p] = f"allreduce.noname.{i}.{j}"
-                if given is not None and len(given) == len(group["params"]):
-                    names[p] = given[j]
-        if len(set(names.values())) != len(names):
-            names = {p: f"allreduce.noname.{i}.{j}" for i, g in enumerate(self.param_groups)
-                     for j, p in enumerate(g["params"])}
-        return names
+        """Horovod's positional names, or the names of an optimizer built from named params."""
+        positional = {p: f"allreduce.noname.{i}.{j}" for i, g in enumerate(self.param_groups)
+                      for j, p in enumerate(g["params"])}
+        given = {}
+        for group in self.param_groups:
+            names = group.get("param_names")
+            if names is None or len(names) != len(group["params"]):
+                return positional
+            given.update(zip(group["params"], names))
+        return given if len(set(given.values())) == len(given) else positional
 
     def _name_parameters(self, named_parameters):
         if named_parameters is None:
