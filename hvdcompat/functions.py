@@ -78,7 +78,7 @@ def _sparse_embedding_params(model):
 
 
 def _give_missing_grads(optimizer, model):
-    """Zero gradients for trainable parameters without one (as Horovod does on a fresh optimizer)."""
+    """Zero gradients for trainable parameters without one (Horovod does so on fresh optimizers)."""
     sparse_params = _sparse_embedding_params(model)
     all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
     for group in optimizer.param_groups:

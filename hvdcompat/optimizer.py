@@ -65,17 +65,23 @@ class _Work:
 
 
 class _DistributedOptimizer:
-    """Mixed in before the user's optimizer class (see :func:`DistributedOptimizer`)."""
+    """The methods of every distributed optimizer class (see :func:`_distributed_class`).
+
+    Never instantiated itself: its namespace is copied into a subclass of the
+    user's optimizer class, so ``super(self.__class__, self)`` is that class.
+    """
+
+    _hvdcompat_distributed = True
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set, defaults,
                  state):
         try:
-            super().__init__(params)
+            super(self.__class__, self).__init__(params)
         except TypeError:
             # Optimizers with required constructor arguments: the groups already hold every
             # option, the defaults only have to satisfy the signature.
-            super().__init__(params, **defaults)
+            super(self.__class__, self).__init__(params, **defaults)
         # Groups added later get the user's defaults, not the class's.
         self.defaults = dict(defaults)
         # Keep state loaded before wrapping (Horovod drops it).
@@ -394,7 +400,7 @@ class _DistributedOptimizer:
                     "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return super().step(closure)
+        return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
         """Zeroes the gradients; gradient reductions still in flight are finished first.
@@ -405,7 +411,7 @@ class _DistributedOptimizer:
         if self._communicates and self._has_pending_work():
             self.synchronize()
         self._synchronized = False
-        return super().zero_grad(*args, **kwargs)
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
         """Loads optimizer state; forgets gradient reductions started before (no communication)."""
@@ -416,7 +422,7 @@ class _DistributedOptimizer:
             self._allreduce_delay[p] = self.backward_passes_per_step
         for group in self._group_counts:
             self._group_counts[group] = 0
-        return super().load_state_dict(*args, **kwargs)
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes):
         """Changes how many backward passes accumulate locally before each allreduce."""
@@ -428,9 +434,16 @@ class _DistributedOptimizer:
 
 
 def _distributed_class(base):
+    """A subclass of `base`, named like it, holding _DistributedOptimizer's methods.
+
+    As in Horovod, the class's only base is the user's class, so
+    ``super(type(opt), opt).step()`` is the user's own, unsynchronized step.
+    """
     cls = _wrapped_classes.get(base)
     if cls is None:
-        cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
+        namespace = {k: v for k, v in vars(_DistributedOptimizer).items()
+                     if k not in ("__dict__", "__weakref__")}
+        cls = type(base.__name__, (base,), namespace)
         _wrapped_classes[base] = cls
     return cls
 
@@ -486,7 +499,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if isinstance(optimizer, _DistributedOptimizer):
+    if getattr(optimizer, "_hvdcompat_distributed", False):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain torch "
                          "optimizer only once.")
     if not isinstance(optimizer, torch.optim.Optimizer):

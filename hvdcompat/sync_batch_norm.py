@@ -48,7 +48,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         gathered = synchronize(allgather_async(local.contiguous(),
                                                name=f"sync_batch_norm.stats.{channels}",
                                                process_set=process_set))
-        counts, means, vars_ = gathered[:, :1], gathered[:, 1:1 + channels], gathered[:, 1 + channels:]
+        counts = gathered[:, :1]
+        means, vars_ = gathered[:, 1:1 + channels], gathered[:, 1 + channels:]
         total = counts.sum()
         if total <= 0:
             raise ValueError("SyncBatchNorm: every rank's batch is empty; there are no values to "

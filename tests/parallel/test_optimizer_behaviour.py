@@ -26,6 +26,7 @@ def test_result_is_an_instance_of_the_wrapped_class_and_state_dict_round_trips()
     base = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam"
+    assert type(opt).__bases__ == (torch.optim.Adam,)   # as Horovod: the user's class only
     assert opt.param_groups[0] is base.param_groups[0]
     assert opt.defaults["betas"] == (0.8, 0.9)
     x, y = global_batch(0, hvd.size())
@@ -287,7 +288,7 @@ def test_process_set_members_average_and_others_train_locally():
 
 
 def test_sparse_embedding_gradients_both_ways():
-    """nn.Embedding(sparse=True): allgather path and sparse_as_dense; ranks see different lengths."""
+    """nn.Embedding(sparse=True): allgather path and sparse_as_dense; lengths differ by rank."""
     r, n = hvd.rank(), hvd.size()
     for sparse_as_dense in (False, True):
         torch.manual_seed(27)
@@ -336,3 +337,13 @@ def test_a_reused_process_set_id_does_not_shift_operation_names():
     if r >= 1 and n > 2:
         assert opt._name_prefix == ""
     hvd.remove_process_set(second)
+
+
+def test_super_step_is_the_wrapped_classes_unsynchronized_step():
+    """Horovod idiom: super(type(opt), opt).step() steps locally without communicating."""
+    r = hvd.rank()
+    w = nn.Parameter(torch.zeros(2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)])
+    w.grad = torch.full((2,), float(r + 1))
+    super(type(opt), opt).step()
+    assert torch.equal(w.detach(), torch.full((2,), -float(r + 1)))
