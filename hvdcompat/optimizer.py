@@ -61,7 +61,7 @@ class _Work:
         self.params = params    # the parameters whose gradients it reduces
         self.sent = sent        # the tensors handed to the engine, one per parameter
         self.ctxs = ctxs        # compression contexts
-        self.kind = kind        # "dense", "sparse" or "sparse_as_dense"
+        self.kind = kind        # "dense", "sparse", "sparse_as_dense" or "group"
 
 
 class _DistributedOptimizer:
