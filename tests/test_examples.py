@@ -26,10 +26,34 @@ def _loss_falls(out):
     assert len(losses) == 2 and losses[1] < losses[0], f"training loss did not fall:\n{out}"
 
 
+_EPOCH_LOSS = re.compile(r"epoch (\d+) loss ([0-9.]+)")
+_first_multi_model_losses = {}
+
+
+def _multi_model_first_run(out):
+    losses = {int(e): float(v) for e, v in _EPOCH_LOSS.findall(out)}
+    assert sorted(losses) == [0, 1, 2], out  # only rank 0 logs
+    assert losses[2] < losses[0], f"loss did not fall:\n{out}"
+    _first_multi_model_losses.update(losses)
+
+
+def _multi_model_resumed(out):
+    assert "resumed from" in out and "at epoch 3" in out, out
+    resumed = {int(e): float(v) for e, v in _EPOCH_LOSS.findall(out)}
+    assert sorted(resumed) == [3, 4], out
+    assert max(resumed.values()) < _first_multi_model_losses[0], out
+
+
 _BENCH_SHORT = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
                 "--num-iters", "2"]
 
 SHORT_SETTINGS = {
+    "pytorch_multi_model.py": [
+        (["--samples", "512", "--checkpoint-dir", "{tmp}", "--epochs", "3"],
+         [_multi_model_first_run]),
+        (["--samples", "512", "--checkpoint-dir", "{tmp}", "--epochs", "5"],
+         [_multi_model_resumed]),
+    ],
     "train_small.py": [(["--steps", "5"], ["done: final loss"])],
     "pytorch_synthetic_benchmark.py": [
         (["--model", "resnet", "--image-size", "16", *_BENCH_SHORT],
