@@ -124,7 +124,7 @@ def _python_script(args):
     i = 0
     while i < len(args):
         a = args[i]
-        if a in ("-m", "-c", "-") or a.startswith(("-m", "-c")) and len(a) > 2:
+        if a in ("-m", "-c", "-") or (a.startswith(("-m", "-c")) and len(a) > 2):
             return None
         if a in ("-W", "-X"):
             i += 2
