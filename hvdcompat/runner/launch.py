@@ -159,6 +159,21 @@ def check_command(command, env, cwd):
                 f"path{hint}")
 
 
+def _resolve_executable(command, env):
+    """``command`` with a bare executable name replaced by its path on our PATH.
+
+    Launchers may put their own directory first on the ranks' PATH (pyenv's
+    shims do; so does Open MPI's --prefix), and a bare ``python`` would then
+    start another interpreter, without this environment's packages. The
+    absolute path makes every rank run what ``python`` means in this shell.
+    """
+    exe = command[0]
+    if os.sep in exe:
+        return list(command)
+    found = shutil.which(exe, path=env.get("PATH", ""))
+    return [os.path.abspath(found) if found else exe] + list(command[1:])
+
+
 def _hosts_from(args):
     try:
         if args.hosts:
@@ -219,6 +234,7 @@ def plan_launch(args, command, environ=None, cwd=None):
         raise LaunchError(f"hvdcompatrun: -np must be at least 1, got {np}")
     if not args.skip_command_check:
         check_command(command, environ, cwd)
+    command = _resolve_executable(command, environ)
     env = environ
     env.update(_tuning.tuning_environment(args))
     # Progress lines of the ranks appear as they are printed, not at exit.

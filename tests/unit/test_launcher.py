@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -279,6 +280,18 @@ def test_master_port_in_use_names_the_owner():
             launch.plan_launch(args, command, environ=env)
     assert f"MASTER_PORT={port} is already in use" in str(info.value)
     assert f"pid {os.getpid()}" in str(info.value)
+
+
+def test_bare_command_runs_what_it_means_here(tmp_path):
+    # A launcher (pyenv's shim, Open MPI's --prefix) may put another python first on the
+    # ranks' PATH; the launcher resolves the name with its own PATH instead.
+    script = tmp_path / "train.py"
+    script.write_text("")
+    args, command = _parse(["-np", "2", "python", str(script), "--lr", "1"])
+    env = mpi_env()
+    cmd, _ = launch.plan_launch(args, command, environ=env)
+    expected = os.path.abspath(shutil.which("python", path=env["PATH"]))
+    assert cmd[-4:] == [expected, str(script), "--lr", "1"]
 
 
 def test_free_master_port_is_chosen_when_unset():
