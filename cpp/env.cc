@@ -41,8 +41,10 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Allow hvd.add_process_set/remove_process_set after init."},
       {Knob::kFusionChunkBytes, "FUSION_CHUNK_BYTES", false, "1048576", "bytes",
        "Pack/reduce/unpack of a fused buffer is pipelined in chunks of this size."},
-      {Knob::kInPlaceMinBytes, "INPLACE_MIN_BYTES", false, "1048576", "bytes",
+      {Knob::kInPlaceMinBytes, "INPLACE_MIN_BYTES", false, "262144", "bytes",
        "Tensors at least this large are reduced in place, without the fusion copy."},
+      {Knob::kMaxCallBytes, "MAX_CALL_BYTES", false, "2097152", "bytes",
+       "Larger reductions are split into MPI calls of this size (big single calls are slower)."},
       {Knob::kPollSpinMicros, "POLL_SPIN_MICROS", false, "50", "us",
        "While waiting for peers, busy-poll this long before sleeping."},
       {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
@@ -143,6 +145,7 @@ Config Config::FromEnvironment() {
   c.fusion_chunk_bytes = KnobInt(Knob::kFusionChunkBytes);
   if (c.fusion_chunk_bytes < 4096) c.fusion_chunk_bytes = 4096;
   c.inplace_min_bytes = KnobInt(Knob::kInPlaceMinBytes);
+  c.max_call_bytes = std::max<int64_t>(4096, KnobInt(Knob::kMaxCallBytes));
   c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
   c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));

@@ -27,6 +27,7 @@ enum class Knob : int {
   kDynamicProcessSets,
   kFusionChunkBytes,
   kInPlaceMinBytes,
+  kMaxCallBytes,
   kPollSpinMicros,
   kPollMaxSleepMicros,
   kEnableAsyncCompletion,
@@ -66,6 +67,7 @@ struct Config {
   bool timeline_mark_cycles;
   int64_t fusion_chunk_bytes;      // pipeline chunk of pack/reduce/unpack
   int64_t inplace_min_bytes;       // tensors this large skip the fusion copy
+  int64_t max_call_bytes;          // larger direct reductions are split into calls of this size
   int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
   int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
   int64_t num_nccl_streams;        // GPU lanes (stream + communicator each), >= 1

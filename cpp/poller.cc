@@ -1,5 +1,7 @@
 #include "poller.h"
 
+#include <sched.h>
+
 #include <chrono>
 #include <thread>
 
@@ -18,7 +20,11 @@ void Poller::Wait(MPI_Request* request, MPI_Comm comm, const char* what) {
     HVD_MPI_CHECK(comm, MPI_Test(request, &flag, MPI_STATUS_IGNORE));
     if (flag) return;
     auto now = Clock::now();
-    if (now < spin_end) continue;
+    if (now < spin_end) {
+      // Yield, never spin hard: the peer we wait for may share this core.
+      sched_yield();
+      continue;
+    }
     if (abort_ && abort_->load(std::memory_order_relaxed)) {
       throw CommunicationError(std::string("aborted while waiting for ") + what);
     }

@@ -96,6 +96,7 @@ class ProcessSetWorker {
   int rank_ = 0;
 
   std::atomic<bool> abort_{false};
+  std::atomic<bool> pending_hint_{false};  // set with incoming_/shutdown, read without the lock
   Poller poller_;
   MpiTransport transport_;
   Controller controller_;

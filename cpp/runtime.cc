@@ -12,7 +12,7 @@ namespace {
 int64_t WaitSpinMicros() {
   // Not a documented knob: the synchronize() spin before sleeping.
   const char* v = std::getenv("HVDCOMPAT_WAIT_SPIN_MICROS");
-  return v ? std::max<int64_t>(0, std::atoll(v)) : 20;
+  return v ? std::max<int64_t>(0, std::atoll(v)) : 100;
 }
 
 std::string RankListString(const std::vector<int>& v) {

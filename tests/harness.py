@@ -44,11 +44,12 @@ def mpi_env(extra=None):
 
 
 class LaunchResult:
-    def __init__(self, returncode, output, seconds, timed_out):
+    def __init__(self, returncode, output, seconds, timed_out, command):
         self.returncode = returncode
         self.output = output
         self.seconds = seconds
         self.timed_out = timed_out
+        self.command = command
 
 
 def _signal_pids(piddir, sig):
@@ -59,8 +60,17 @@ def _signal_pids(piddir, sig):
             pass
 
 
+# Launcher start-up failures that happen before any rank runs (seen when many
+# jobs start at once on a busy machine); such a launch is retried.
+_LAUNCHER_STARTUP_FAILURES = ("PMIx server's listener thread failed to start",
+                              "PRTE has lost communication with a remote daemon")
+
+
 def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
     """Runs `argv` on `np` ranks; returns a LaunchResult.
+
+    A launch that failed before any rank started, for a known launcher
+    start-up reason, is retried (up to 3 attempts); nothing of ours ran.
 
     Args:
         np: number of ranks (oversubscribed when above the core count).
@@ -68,9 +78,27 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
         timeout: seconds before every rank is stopped and the launch fails.
         env: extra environment variables for every rank.
         mpi_args: extra mpirun arguments.
-        check: raise AssertionError on a non-zero exit or timeout.
+        check: raise AssertionError (with every rank's output) on a non-zero
+            exit or a timeout.
         what: label used in failure messages.
     """
+    for _ in range(3):
+        result = _launch(np, argv, timeout, env, mpi_args)
+        started = "[1," in result.output  # some rank printed something
+        if result.returncode == 0 or started or not any(
+                m in result.output for m in _LAUNCHER_STARTUP_FAILURES):
+            break
+    if check and (result.timed_out or result.returncode != 0):
+        label = what or " ".join(argv)
+        reason = (f"timed out after {timeout} s (stacks of every rank dumped above)"
+                  if result.timed_out else f"exited with code {result.returncode}")
+        raise AssertionError(f"{label} on {np} ranks {reason}.\n"
+                             f"command: {result.command}\n----- output of every rank -----\n"
+                             f"{result.output}")
+    return result
+
+
+def _launch(np, argv, timeout, env, mpi_args):
     piddir = tempfile.mkdtemp(prefix="hvd-pids-")
     full_env = mpi_env(env)
     full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
@@ -94,16 +122,8 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
         output, _ = proc.communicate()
     finally:
         shutil.rmtree(piddir, ignore_errors=True)
-    seconds = time.monotonic() - start
-    result = LaunchResult(proc.returncode, output, seconds, timed_out)
-    if check and (timed_out or proc.returncode != 0):
-        label = what or " ".join(argv)
-        reason = (f"timed out after {timeout} s (stacks of every rank dumped above)" if timed_out
-                  else f"exited with code {proc.returncode}")
-        raise AssertionError(f"{label} on {np} ranks {reason}.\n"
-                             f"command: {' '.join(cmd)}\n----- output of every rank -----\n"
-                             f"{output}")
-    return result
+    return LaunchResult(proc.returncode, output, time.monotonic() - start, timed_out,
+                        " ".join(cmd))
 
 
 def run_pytest_ranks(np, path, timeout, env=None, check=True):

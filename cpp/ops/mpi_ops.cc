@@ -47,7 +47,8 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
     : comm_(comm),
       ops_(ops),
       chunk_bytes_(config.fusion_chunk_bytes),
-      inplace_min_bytes_(config.inplace_min_bytes) {
+      inplace_min_bytes_(config.inplace_min_bytes),
+      max_call_bytes_(config.max_call_bytes) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
 }
@@ -83,22 +84,16 @@ void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, Dat
 
 void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, double post) {
   const size_t esize = DataTypeSize(dtype);
-  // Without scaling there is nothing to keep cache-hot: one call.
-  const int64_t step = (p.pre == 1.0 && post == 1.0)
-                           ? p.count
-                           : std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(esize));
+  const int64_t step = std::max<int64_t>(1, max_call_bytes_ / static_cast<int64_t>(esize));
   for (int64_t off = 0; off < p.count; off += step) {
     int64_t n = std::min(step, p.count - off);
     const char* in = p.in + off * esize;
     char* out = p.out + off * esize;
-    if (p.pre != 1.0) {
-      Timed("PRESCALE", [&] { ScaleCopy(out, in, n, dtype, p.pre); });
-      Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
-    } else {
-      Timed("MPI_ALLREDUCE", [&] {
-        AllreduceElements(in != out ? in : MPI_IN_PLACE, out, n, dtype, op);
-      });
+    if (in != out || p.pre != 1.0) {
+      Timed(p.pre != 1.0 ? "PRESCALE" : "MEMCPY_TO_OUTPUT",
+            [&] { ScaleCopy(out, in, n, dtype, p.pre); });
     }
+    Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
     if (post != 1.0) Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post); });
   }
 }
