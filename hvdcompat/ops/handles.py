@@ -47,6 +47,11 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     """
     if not _core.is_initialized():
         raise ValueError(_NOT_INITIALIZED)
+    if process_set_id is None:
+        # A ProcessSet never registered, or removed (remove_process_set clears its id).
+        raise ValueError(f"{op.capitalize()} '{prefix if name is None else name}': Process set "
+                         "provided does not exist, or has not been registered. Register it "
+                         "with hvd.add_process_set or hvd.init(process_sets=...).")
     full, auto = _full_name(prefix, name, process_set_id)
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
