@@ -47,4 +47,6 @@ def test_core_does_not_link_torch():
     assert so, "extension not built"
     out = subprocess.run(["ldd", so[0]], capture_output=True, text=True).stdout
     assert "libmpi" in out
-    assert "torch" not in out and "c10" not in out, out
+    # Library names only: load addresses are hex and may spell "c10".
+    libs = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert not any("torch" in lib or "c10" in lib for lib in libs), out
