@@ -79,6 +79,36 @@ def test_duplicate_static_sets_are_rejected():
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="dupstatic.after").item() == hvd.size()
 
 
+def test_static_sets_from_mpi_communicators():
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    me = world.Get_rank()
+    # Every rank passes its own half: the even and the odd ranks.
+    split_comm = world.Split(color=me % 2, key=me)
+    whole = world.Dup()
+    hvd.shutdown()
+    try:
+        with pytest.raises(ValueError, match="duplicate"):
+            hvd.init(process_sets=[hvd.ProcessSet(whole)])  # the global set again
+        split = hvd.ProcessSet(split_comm)
+        hvd.init(process_sets=[split])
+        even, odd = _even_odd()
+        mine = even if me % 2 == 0 else odd
+        assert split.ranks == mine
+        # Both halves are registered on every rank, the even one first.
+        assert split.process_set_id == (1 if me % 2 == 0 else 2)
+        assert split.size() == len(mine) and split.rank() == mine.index(me)
+        out = hvd.allreduce(torch.tensor([float(me)]), op=hvd.Sum, name="comm.split",
+                            process_set=split)
+        assert out.item() == sum(mine)
+    finally:
+        hvd.shutdown()
+        hvd.init()
+        split_comm.Free()
+        whole.Free()
+
+
 def test_processset_validates_its_ranks():
     with pytest.raises(ValueError, match="list of process ranks"):
         hvd.ProcessSet([0, 1.5])
