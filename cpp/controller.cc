@@ -96,8 +96,12 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
     }
   }
   std::string blob = to_send.empty() ? std::string() : EncodeRequests(to_send);
-  words[FlagWords::kOr] = (to_send.empty() ? 0 : kNeedSlowPath) | (want_shutdown ? kShutdown : 0) |
-                          (joined ? kSomeJoined : 0);
+  // Stalled rows are failed on the slow path; when no rank has new requests
+  // the coordinator must ask for one, or they would wait forever.
+  const bool fail_stalled = coordinator_ && stall_fail_seconds > 0 &&
+                            coordinator_->HasStalled(stall_fail_seconds, now);
+  words[FlagWords::kOr] = (to_send.empty() && !fail_stalled ? 0 : kNeedSlowPath) |
+                          (want_shutdown ? kShutdown : 0) | (joined ? kSomeJoined : 0);
   words[FlagWords::kAnd] = joined ? kAllJoined : 0;
   words[FlagWords::kMax] = blob.size();
 

@@ -286,6 +286,16 @@ std::vector<Coordinator::Stalled> Coordinator::FindStalled(double seconds,
   return out;
 }
 
+bool Coordinator::HasStalled(double seconds, Clock::time_point now) const {
+  // order_ is by first arrival, so the first row still present is the oldest.
+  for (const auto& name : order_) {
+    auto it = rows_.find(name);
+    if (it == rows_.end()) continue;
+    return std::chrono::duration<double>(now - it->second.first_seen).count() >= seconds;
+  }
+  return false;
+}
+
 std::vector<Response> Coordinator::FailStalled(double seconds, Clock::time_point now) {
   std::vector<Response> out;
   for (const auto& s : FindStalled(seconds, now)) {

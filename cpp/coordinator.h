@@ -38,6 +38,8 @@ class Coordinator {
   std::vector<Stalled> FindStalled(double seconds, Clock::time_point now) const;
   // Turns rows stalled for `seconds` into error responses (and forgets them).
   std::vector<Response> FailStalled(double seconds, Clock::time_point now);
+  // Whether some row has waited at least `seconds` (cheap: checks the oldest).
+  bool HasStalled(double seconds, Clock::time_point now) const;
 
   int joined_count() const { return joined_count_; }
   bool empty() const { return rows_.empty(); }

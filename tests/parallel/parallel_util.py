@@ -9,6 +9,8 @@ trunc(sum / size)); float16/bfloat16 are reduced and scaled in float32 and
 rounded once at the end; float32/float64 are scaled in their own precision.
 """
 
+import contextlib
+import os
 import zlib
 
 import torch
@@ -18,7 +20,7 @@ import hvdcompat as hvd
 __all__ = [
     "INT_DTYPES", "FLOAT_DTYPES", "DTYPES", "SHAPES", "NONSCALAR_SHAPES", "dtype_id",
     "shape_id", "key_of", "rank_input", "all_inputs", "scale", "expected_sum", "expected_reduce",
-    "assert_same",
+    "assert_same", "engine",
 ]
 
 INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -126,3 +128,30 @@ def assert_same(actual, expected, exact=True, what=""):
 # torch.testing.assert_close costs seconds on first use; this is enough here.
 _TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5,
               torch.float64: 1e-12}
+
+
+@contextlib.contextmanager
+def engine(**knobs):
+    """Runs the body on an engine re-initialised with HVDCOMPAT_<KNOB>=value.
+
+    Knobs are read at hvd.init(); the launch settings are restored (and the
+    engine re-initialised again) afterwards. Collective: every rank must
+    enter it together. Yields the engine's configuration.
+    """
+    from hvdcompat.basics import _core
+
+    names = {f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}
+    saved = {k: os.environ.get(k) for k in names}
+    hvd.shutdown()
+    os.environ.update(names)
+    hvd.init()
+    try:
+        yield _core.config()
+    finally:
+        hvd.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        hvd.init()

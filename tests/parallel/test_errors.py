@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hvdcompat as hvd
+from parallel_util import engine
 
 
 def _still_works(tag):
@@ -235,3 +236,26 @@ def test_non_tensor_input_is_a_type_error(op):
     with pytest.raises(TypeError, match="Tensor"):
         _calls([1.0, 2.0], "err.list")[op]()
     _still_works(f"list.{op}")
+
+
+def test_stalled_ops_fail_after_the_stall_shutdown_time():
+    # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS turns an op the other ranks never
+    # submit into an error instead of a hang. Every rank leaves one such op,
+    # so every rank keeps negotiating while it waits.
+    n = hvd.size()
+    with engine(stall_check_time_seconds=1, stall_shutdown_time_seconds=1):
+        lonely = hvd.allreduce_async(torch.ones(2), name=f"stall.{hvd.rank()}")
+        with pytest.raises(hvd.HorovodInternalError, match="stall") as info:
+            hvd.synchronize(lonely)
+        assert f"stall.{hvd.rank()}" in str(info.value)
+        # Names in every rank's response cache: a stalled cached op must
+        # reach the coordinator, and fail, too.
+        for q in range(n):
+            hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"stall.cached.{q}")
+        again = hvd.allreduce_async(torch.ones(1), op=hvd.Sum,
+                                    name=f"stall.cached.{hvd.rank()}")
+        with pytest.raises(hvd.HorovodInternalError, match="stall"):
+            hvd.synchronize(again)
+        _still_works("stall.after")
+    _still_works("stall.reinit")
+

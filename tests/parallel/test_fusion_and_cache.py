@@ -7,7 +7,6 @@ particular setting re-initialise with HVDCOMPAT_* overrides (read at init)
 and restore the launch settings afterwards; every rank does the same.
 """
 
-import contextlib
 import os
 
 import pytest
@@ -15,32 +14,12 @@ import torch
 
 import hvdcompat as hvd
 from hvdcompat.basics import _core
-from parallel_util import all_inputs, assert_same, expected_reduce, rank_input
+from parallel_util import all_inputs, assert_same, engine, expected_reduce, rank_input
 
 # A batching window (ms) long enough that a burst of async ops submitted by
 # Python lands in one negotiation cycle on every rank, so fusion is certain
 # rather than a matter of timing.
 _WINDOW_MS = 100
-
-
-@contextlib.contextmanager
-def _engine(**knobs):
-    """Runs the body on an engine re-initialised with HVDCOMPAT_<knob>=value."""
-    names = {f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}
-    saved = {k: os.environ.get(k) for k in names}
-    hvd.shutdown()
-    os.environ.update(names)
-    hvd.init()
-    try:
-        yield _core.config()
-    finally:
-        hvd.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        hvd.init()
 
 
 def _delta(before):
@@ -109,7 +88,7 @@ def _run_burst(tag):
 
 
 def test_many_small_tensors_are_fused():
-    with _engine(cycle_time=_WINDOW_MS) as config:
+    with engine(cycle_time=_WINDOW_MS) as config:
         _, stats = _run_burst("fuse")
         if config["fusion_threshold_bytes"] == 0:
             assert stats["fused_collectives"] == 0 and stats["fused_tensors"] == 0, stats
@@ -122,11 +101,11 @@ def test_many_small_tensors_are_fused():
 
 
 def test_fusion_off_and_a_tiny_threshold_give_identical_results():
-    with _engine(cycle_time=_WINDOW_MS, fusion_threshold=128 << 20):
+    with engine(cycle_time=_WINDOW_MS, fusion_threshold=128 << 20):
         fused, fused_stats = _run_burst("same")
-    with _engine(cycle_time=_WINDOW_MS, fusion_threshold=0):
+    with engine(cycle_time=_WINDOW_MS, fusion_threshold=0):
         unfused, unfused_stats = _run_burst("same")
-    with _engine(cycle_time=_WINDOW_MS, fusion_threshold=64):
+    with engine(cycle_time=_WINDOW_MS, fusion_threshold=64):
         tiny, _ = _run_burst("same")
     assert fused_stats["fused_collectives"] >= 1, fused_stats
     assert unfused_stats["fused_collectives"] == 0, unfused_stats
@@ -173,7 +152,7 @@ def test_a_changed_shape_under_a_cached_name_is_renegotiated():
 
 
 def test_cache_smaller_than_the_working_set_stays_correct():
-    with _engine(cache_capacity=4) as config:
+    with engine(cache_capacity=4) as config:
         assert config["cache_capacity"] == 4
         xs = [all_inputs((3,), torch.int64, ("evict", i)) for i in range(9)]
         for _ in range(3):
@@ -186,7 +165,7 @@ def test_cache_smaller_than_the_working_set_stays_correct():
 @pytest.mark.parametrize("knob,value", [("fusion_threshold", 0), ("cache_capacity", 0)])
 def test_knobs_are_read_at_init(knob, value):
     key = {"fusion_threshold": "fusion_threshold_bytes"}.get(knob, knob)
-    with _engine(**{knob: value}) as config:
+    with engine(**{knob: value}) as config:
         assert config[key] == value
     assert _core.config()[key] == int(os.environ.get(f"HOROVOD_{knob.upper()}",
                                                      {"fusion_threshold": 128 << 20,
