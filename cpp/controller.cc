@@ -142,13 +142,19 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
     transport_->GatherBlobs(blob, words[FlagWords::kMax], &all);
     std::string reply;
     if (coordinator_) {
+      // `now` is when this cycle started; the combine may have waited long
+      // for late ranks, and the stall clock of a request starts when it
+      // reaches the coordinator, not before.
+      const Clock::time_point arrived = Clock::now();
       for (const auto& b : all) {
         if (b.empty()) continue;
-        for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, now);
+        for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
       }
       std::vector<Response> decided = coordinator_->TakeReady();
       if (stall_fail_seconds > 0) {
-        for (auto& p : coordinator_->FailStalled(stall_fail_seconds, now)) decided.push_back(std::move(p));
+        for (auto& p : coordinator_->FailStalled(stall_fail_seconds, arrived)) {
+          decided.push_back(std::move(p));
+        }
       }
       reply = EncodeResponses(decided);
     }

@@ -2,6 +2,7 @@
 fail at call time with nothing enqueued; the job keeps working afterwards."""
 
 import re
+import time
 
 import pytest
 import torch
@@ -259,3 +260,21 @@ def test_stalled_ops_fail_after_the_stall_shutdown_time():
         _still_works("stall.after")
     _still_works("stall.reinit")
 
+
+def test_a_late_rank_is_not_mistaken_for_a_stall():
+    # Ranks other than 0 arrive 3 s late; while they sleep, rank 0 waits
+    # inside negotiation. The stall clock of what they then submit starts
+    # when it reaches the coordinator, so nothing here is cancelled.
+    with engine(stall_check_time_seconds=1, stall_shutdown_time_seconds=2):
+        n = hvd.size()
+        if hvd.rank() == 0:
+            first = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="late.first")
+            assert hvd.synchronize(first).item() == n
+            second = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="late.second")
+            assert hvd.synchronize(second).item() == n
+        else:
+            time.sleep(3)
+            second = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="late.second")
+            first = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="late.first")
+            assert hvd.synchronize(first).item() == n
+            assert hvd.synchronize(second).item() == n
