@@ -287,6 +287,31 @@ def test_a_blocked_set_does_not_block_another_set(dynamic):
         hvd.remove_process_set(a)
 
 
+def test_a_set_runs_while_the_global_set_waits(dynamic):
+    """Rank 0 leaves a global allreduce waiting for the others, who submit it
+    only after hearing (over plain MPI) that rank 0 finished an allreduce on
+    its own set. If the waiting global set held up the other set, this would
+    deadlock."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    n = hvd.size()
+    solo = hvd.add_process_set([0])
+    try:
+        if hvd.rank() == 0:
+            pending = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="waits")
+            out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="solo", process_set=solo)
+            assert out.tolist() == [1.0, 1.0]
+            for r in range(1, n):
+                world.send("solo done", dest=r, tag=77)
+        else:
+            assert world.recv(source=0, tag=77) == "solo done"
+            pending = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="waits")
+        assert hvd.synchronize(pending).tolist() == [float(n)] * 2
+    finally:
+        hvd.remove_process_set(solo)
+
+
 def test_two_sets_make_progress_concurrently(dynamic):
     """Each rank alternates async ops on its own set and the global set."""
     even, odd = _even_odd()
