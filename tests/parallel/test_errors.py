@@ -189,6 +189,31 @@ def test_duplicate_in_flight_name_is_a_value_error(op):
         assert hvd.synchronize(h).tolist() == expected(q)
 
 
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "broadcast", "reducescatter"])
+def test_horovods_duplicate_name_pattern_is_refused_every_time(op):
+    # Horovod's own test: rank 0 submits a name twice, then (after a barrier)
+    # the other ranks do. Their first op matches rank 0's pending one and may
+    # finish at once, yet their second call must still be refused: the name
+    # is taken until its handle is synchronized.
+    t = torch.ones(2 * hvd.size())
+    start = {"allreduce": lambda name: hvd.allreduce_async(t, name=name),
+             "allgather": lambda name: hvd.allgather_async(t, name=name),
+             "broadcast": lambda name: hvd.broadcast_async(t, 0, name=name),
+             "reducescatter": lambda name: hvd.reducescatter_async(t, name=name)}[op]
+    for trial in range(20):
+        name = f"err.dup.pattern.{trial}"
+        for turn in (0, 1):
+            if (hvd.rank() == 0) == (turn == 0):
+                first = start(name)
+                with pytest.raises(ValueError, match="same name"):
+                    start(name)
+            hvd.barrier()
+        if hvd.rank() == 0:
+            # Rank 0's op was matched by the others' first call.
+            assert hvd.synchronize(first) is not None
+    _still_works(f"dup.pattern.{op}")
+
+
 _CALL_OPS = ["allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "alltoall",
              "reducescatter", "grouped_allreduce"]
 
