@@ -87,9 +87,12 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
     if (l.request.op == OpType::kJoin && l.state == State::kSent) joined = true;
   }
   if (joined) {
-    // Joined ranks are ready for every cached allreduce (they contribute zeros).
+    // A joined rank is ready for every cached entry: allreduces run with its
+    // zeros, and any other op, once ready on the others, is sent below to the
+    // coordinator, which fails it ("not supported while joined"). Marking
+    // only allreduces left cached allgathers/broadcasts/... waiting forever.
     for (uint32_t bit = 0; bit < w * 64; ++bit) {
-      if (cache_.Has(bit) && cache_.Get(bit).op == OpType::kAllreduce) SetBit(ready, bit);
+      if (cache_.Has(bit)) SetBit(ready, bit);
     }
   }
   std::string blob = to_send.empty() ? std::string() : EncodeRequests(to_send);
@@ -135,9 +138,13 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
     transport_->GatherBlobs(blob, words[FlagWords::kMax], &all);
     std::string reply;
     if (coordinator_) {
+      // `now` is when this cycle started; the combine may have waited long
+      // for late ranks, and the stall clock of a request starts when it
+      // reaches the coordinator, not before.
+      const Clock::time_point arrived = Clock::now();
       for (const auto& b : all) {
         if (b.empty()) continue;
-        for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, now);
+        for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
       }
       reply = EncodeResponses(coordinator_->TakeReady());
     }

@@ -83,13 +83,12 @@ MpiContext::MpiContext(MPI_Comm base, const std::vector<int>& ranks) {
   int sizes[2] = {local_size_, -local_size_};
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
   homogeneous_ = sizes[0] == -sizes[1];
-  ops_ = std::make_unique<MpiOps>();
+  MpiOps::Get();  // created while MPI is initialised
 }
 
 MpiContext::~MpiContext() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  ops_.reset();
   if (finalized) return;
   for (MPI_Comm* c : {&cross_, &local_, &comm_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);

@@ -31,7 +31,7 @@ class MpiContext {
   MPI_Comm comm() const { return comm_; }
   // A fresh duplicate of comm() for a worker (caller owns it).
   MPI_Comm Duplicate() const;
-  const MpiOps& ops() const { return *ops_; }
+  const MpiOps& ops() const { return MpiOps::Get(); }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -46,7 +46,6 @@ class MpiContext {
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
-  std::unique_ptr<MpiOps> ops_;
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
   int cross_rank_ = 0, cross_size_ = 1;

@@ -16,11 +16,29 @@ MpiTransport::MpiTransport(MPI_Comm comm, const MpiOps* ops, Poller* poller)
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
 }
 
+void MpiTransport::Wait(MPI_Request* request, const char* what) {
+  try {
+    poller_->Wait(request, comm_, what);
+  } catch (...) {
+    abandoned_ = true;
+    struct Abandoned {
+      std::vector<uint64_t> a;
+      std::vector<char> b, c, d, e;
+    };
+    // Intentionally never freed: MPI may still write here.
+    new Abandoned{std::move(flags_), std::move(gather_send_), std::move(gather_recv_),
+                  std::move(bcast_first_), std::move(bcast_rest_)};
+    throw;
+  }
+}
+
 void MpiTransport::CombineFlags(std::vector<uint64_t>& words) {
+  flags_ = words;
   MPI_Request req;
-  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()),
+  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, flags_.data(), static_cast<int>(flags_.size()),
                                       MPI_UINT64_T, ops_->flag_combine(), comm_, &req));
-  poller_->Wait(&req, comm_, "the negotiation of ready tensors (flags allreduce)");
+  Wait(&req, "the negotiation of ready tensors (flags allreduce)");
+  words.assign(flags_.begin(), flags_.end());
 }
 
 void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
@@ -37,7 +55,7 @@ void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
   HVD_MPI_CHECK(comm_, MPI_Igather(gather_send_.data(), static_cast<int>(slot), MPI_BYTE,
                                    rank_ == 0 ? gather_recv_.data() : nullptr,
                                    static_cast<int>(slot), MPI_BYTE, 0, comm_, &req));
-  poller_->Wait(&req, comm_, "the gather of new tensor requests to the coordinator");
+  Wait(&req, "the gather of new tensor requests to the coordinator");
   if (rank_ != 0) return;
   all->assign(size_, std::string());
   for (int r = 0; r < size_; ++r) {
@@ -50,27 +68,28 @@ void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
 }
 
 void MpiTransport::BroadcastBlob(std::string* blob) {
-  std::vector<char> first(kFirstChunk, 0);
+  bcast_first_.assign(kFirstChunk, 0);
   uint64_t len = rank_ == 0 ? blob->size() : 0;
   const size_t head = kFirstChunk - sizeof(len);
   if (rank_ == 0) {
-    std::memcpy(first.data(), &len, sizeof(len));
-    std::memcpy(first.data() + sizeof(len), blob->data(), std::min<size_t>(len, head));
+    std::memcpy(bcast_first_.data(), &len, sizeof(len));
+    std::memcpy(bcast_first_.data() + sizeof(len), blob->data(), std::min<size_t>(len, head));
   }
   MPI_Request req;
-  HVD_MPI_CHECK(comm_, MPI_Ibcast(first.data(), static_cast<int>(kFirstChunk), MPI_BYTE, 0,
+  HVD_MPI_CHECK(comm_, MPI_Ibcast(bcast_first_.data(), static_cast<int>(kFirstChunk), MPI_BYTE, 0,
                                   comm_, &req));
-  poller_->Wait(&req, comm_, "the broadcast of negotiated responses");
-  std::memcpy(&len, first.data(), sizeof(len));
-  if (rank_ != 0) blob->assign(first.data() + sizeof(len), std::min<size_t>(len, head));
+  Wait(&req, "the broadcast of negotiated responses");
+  std::memcpy(&len, bcast_first_.data(), sizeof(len));
+  if (rank_ != 0) blob->assign(bcast_first_.data() + sizeof(len), std::min<size_t>(len, head));
   if (len <= head) return;
   const size_t rest = len - head;
   HVD_ENFORCE(rest < static_cast<size_t>(INT32_MAX), "response list too large: " << len);
-  std::string tail(rest, '\0');
-  if (rank_ == 0) tail.assign(blob->data() + head, rest);
-  HVD_MPI_CHECK(comm_, MPI_Ibcast(tail.data(), static_cast<int>(rest), MPI_BYTE, 0, comm_, &req));
-  poller_->Wait(&req, comm_, "the broadcast of negotiated responses");
-  if (rank_ != 0) blob->append(tail);
+  bcast_rest_.assign(rest, 0);
+  if (rank_ == 0) std::memcpy(bcast_rest_.data(), blob->data() + head, rest);
+  HVD_MPI_CHECK(comm_, MPI_Ibcast(bcast_rest_.data(), static_cast<int>(rest), MPI_BYTE, 0, comm_,
+                                  &req));
+  Wait(&req, "the broadcast of negotiated responses");
+  if (rank_ != 0) blob->append(bcast_rest_.data(), rest);
 }
 
 }  // namespace hvdcompat

@@ -61,11 +61,9 @@ void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype*) {
 
 MpiOps::MpiOps() { MPI_Op_create(&FlagCombineFn, 1, &flag_combine_); }
 
-MpiOps::~MpiOps() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  MPI_Op_free(&flag_combine_);
+const MpiOps& MpiOps::Get() {
+  static const MpiOps* ops = new MpiOps();  // see the class comment: never freed
+  return *ops;
 }
 
 MPI_Datatype MpiOps::Type(DataType dtype) const {

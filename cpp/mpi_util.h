@@ -31,11 +31,12 @@ std::vector<int> FailedRanks(MPI_Comm comm, int error_code);
 
 // Our MPI op (the cycle-word combiner) and the type/op mapping. 16-bit
 // floats never reach MPI reductions (they are reduced in float32).
-// Created after MPI_Init, freed before the owner goes away.
+// One instance per process, made after MPI_Init and never freed: an
+// abandoned negotiation (Note [Abandoned requests]) may still run the
+// combiner after the runtime that posted it is gone. Immutable.
 class MpiOps {
  public:
-  MpiOps();
-  ~MpiOps();
+  static const MpiOps& Get();
   MpiOps(const MpiOps&) = delete;
   MpiOps& operator=(const MpiOps&) = delete;
 
@@ -45,6 +46,7 @@ class MpiOps {
   MPI_Op flag_combine() const { return flag_combine_; }
 
  private:
+  MpiOps();
   MPI_Op flag_combine_;
 };
 

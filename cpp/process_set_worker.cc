@@ -71,7 +71,9 @@ ProcessSetWorker::~ProcessSetWorker() {
   Shutdown();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  // An abandoned negotiation may still progress on comm_ (Note [Abandoned
+  // requests]): freeing it would pull it from under MPI. Leave it allocated.
+  if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned()) MPI_Comm_free(&comm_);
 }
 
 void ProcessSetWorker::Enqueue(std::unique_ptr<TensorEntry> entry) {

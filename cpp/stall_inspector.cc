@@ -79,10 +79,14 @@ StallInspector::~StallInspector() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (auto& s : sends_) {
-    // A report nobody will read: cancel it before freeing its buffer.
-    MPI_Cancel(&s.first);
-    MPI_Request_free(&s.first);
+  if (!sends_.empty()) {
+    for (auto& s : sends_) {
+      // A report nobody will read. Its buffer may still be read by MPI after
+      // the cancel, so it is left allocated (Note [Abandoned requests]).
+      MPI_Cancel(&s.first);
+      MPI_Request_free(&s.first);
+    }
+    new std::deque<std::pair<MPI_Request, std::string>>(std::move(sends_));
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }

@@ -100,7 +100,10 @@ def init(comm=None, process_sets=None):
         process_sets: ``None``, a list of :class:`ProcessSet` to register
             now (ids 1, 2, ... in list order, on every rank), or ``"dynamic"``
             to allow :func:`add_process_set` / :func:`remove_process_set`
-            later (also enabled by ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
+            later (also enabled by ``HOROVOD_DYNAMIC_PROCESS_SETS=1``). A set
+            built from an mpi4py communicator may differ per rank (e.g. a
+            ``Split`` by parity): every rank's group is registered, and the
+            object stands for the caller's own group.
 
     Calling ``init`` again while initialised does nothing; after
     :func:`shutdown` it starts a fresh runtime. Environment knobs
@@ -116,8 +119,8 @@ def init(comm=None, process_sets=None):
         if _core.is_initialized():
             return
         handle, ranks = _comm_arguments(comm)
-        dynamic, static_sets = _ps._parse_init_argument(process_sets)
-        _core.init(handle, ranks, [ps.ranks for ps in static_sets], dynamic)
+        dynamic, static_sets = _ps._parse_init_argument(process_sets, comm)
+        _core.init(handle, ranks, static_sets.rank_lists, dynamic)
         _ps._after_init(static_sets)
         for fn in _on_init:
             fn()

@@ -86,47 +86,89 @@ def _info(process_set_id):
     return info
 
 
-def _comm_ranks(comm):
-    """Global ranks of an mpi4py communicator's members (job = COMM_WORLD)."""
+def _comm_ranks(comm, job):
+    """Ranks (within the job communicator `job`) of an mpi4py communicator's members."""
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD.Get_group()
+    if comm == MPI.COMM_NULL:
+        return None
+    job_group = job.Get_group()
     group = comm.Get_group()
     try:
-        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group))
     finally:
         group.Free()
-        world.Free()
+        job_group.Free()
 
 
-def _parse_init_argument(process_sets):
-    """(dynamic, [ProcessSet]) from hvd.init's process_sets argument."""
+def _job_comm(comm):
+    """The mpi4py communicator hvd.init will run on (for comm-defined process sets)."""
+    from mpi4py import MPI
+
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    raise NotImplementedError(
+        "Process sets defined by MPI communicators cannot be combined with hvd.init(comm=[rank "
+        "list]); pass an mpi4py communicator as comm, or give the process sets as rank lists.")
+
+
+class _Static:
+    """The static sets hvd.init registers, and which of them each ProcessSet object is."""
+
+    def __init__(self):
+        self.rank_lists = []   # registration order: ids 1, 2, ...
+        self.assignments = []  # (ProcessSet, index into rank_lists or None)
+
+
+def _parse_init_argument(process_sets, comm=None):
+    """(dynamic, _Static) from hvd.init's process_sets argument.
+
+    A set given by an mpi4py communicator may differ between ranks (e.g. a
+    Split into even and odd ranks): every rank's view is gathered and each
+    distinct group is registered, in order of its lowest rank, so that all
+    ranks register the same sets; each ProcessSet object then stands for the
+    caller's own group. Collective when such sets are present.
+    """
+    static = _Static()
     if process_sets is None:
-        return False, []
+        return False, static
     if isinstance(process_sets, str):
         if process_sets.lower() == "dynamic":
-            return True, []
+            return True, static
         raise ValueError(f"hvd.init(process_sets={process_sets!r}): pass a list of ProcessSet "
                          "or the string 'dynamic'")
     sets = list(process_sets)
-    seen = []
     for i, ps in enumerate(sets):
         if not isinstance(ps, ProcessSet):
             raise ValueError(f"hvd.init: process_sets entry number {i} is not a ProcessSet: {ps!r}")
-        if ps.ranks is None and ps.mpi_comm is not None:
-            ps.ranks = _comm_ranks(ps.mpi_comm)
-        if any(other.ranks == ps.ranks for other in seen):
-            raise ValueError("Horovod could not be initialized because process_sets entry number "
-                             f"{i} is a duplicate: {ps}")
-        seen.append(ps)
-    return False, sets
+    job = _job_comm(comm) if any(ps.mpi_comm is not None for ps in sets) else None
+    job_size = job.Get_size() if job is not None else None
+    for i, ps in enumerate(sets):
+        if ps.mpi_comm is not None:
+            mine = _comm_ranks(ps.mpi_comm, job)
+            views = [v for v in job.allgather(mine) if v is not None]
+            groups = sorted({tuple(v) for v in views})
+            ps.ranks = mine
+        else:
+            mine, groups = ps.ranks, [tuple(ps.ranks)]
+        for g in groups:
+            if list(g) in static.rank_lists or (job_size is not None
+                                                and list(g) == list(range(job_size))):
+                raise ValueError("Horovod could not be initialized because process_sets entry "
+                                 f"number {i} is a duplicate: {ps}")
+            static.rank_lists.append(list(g))
+        index = static.rank_lists.index(list(mine)) if mine is not None else None
+        static.assignments.append((ps, index))
+    return False, static
 
 
-def _after_init(static_sets):
+def _after_init(static):
     global_process_set.ranks = list(range(_core.size()))
     global_process_set.process_set_id = 0
-    for i, ps in enumerate(static_sets):
-        ps.process_set_id = i + 1
+    for ps, index in static.assignments:
+        ps.process_set_id = None if index is None else index + 1
 
 
 def _after_shutdown():

@@ -127,7 +127,13 @@ def _launch(np, argv, timeout, env, mpi_args):
 
 
 def run_pytest_ranks(np, path, timeout, env=None, check=True):
-    """Runs the pytest file `path` (relative to the repo) on `np` ranks with the rank plugin."""
+    """Runs the pytest file `path` (relative to the repo) on `np` ranks with the rank plugin.
+
+    `env` adds to every rank's environment (e.g. engine knobs read at hvd.init).
+    """
+    # Installed plugins (hypothesis, benchmark, ...) are not used by rank
+    # sessions; importing them costs every rank seconds of CPU.
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})}
     return run_ranks(np, [sys.executable, "-m", "pytest", "-x", "-q", "-s", "--color=no",
                           "-p", "no:cacheprovider",
                           "-p", "rankplugin", path], timeout=timeout, env=env, check=check,

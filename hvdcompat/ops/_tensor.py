@@ -63,11 +63,16 @@ def device_of(tensor, op, name=None):
                      "supported; use CPU or CUDA tensors.")
 
 
-def check_tensor(tensor, op, name=None):
-    """Validates one input; returns its (dtype code, device)."""
+def require_tensor(tensor, op, name=None):
+    """TypeError unless `tensor` is a torch.Tensor (checked before anything reads it)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{_label(op, name)}{_where()}: expected a torch.Tensor, got "
                         f"{type(tensor).__name__}")
+
+
+def check_tensor(tensor, op, name=None):
+    """Validates one input; returns its (dtype code, device)."""
+    require_tensor(tensor, op, name)
     code = dtype_code(tensor, op, name)
     if not tensor.is_contiguous():
         raise ValueError(f"{_label(op, name)}{_where()}: Tensor is required to be contiguous. "
@@ -89,6 +94,7 @@ def describe(tensor, code, device):
     return (tensor.data_ptr(), code, tuple(tensor.shape), device, _gpu.current_stream(device))
 
 
-def empty_like_contiguous(tensor, shape=None):
+def empty_like_contiguous(tensor, shape=None, op="collective", name=None):
+    require_tensor(tensor, op, name)
     return torch.empty(tensor.shape if shape is None else shape, dtype=tensor.dtype,
                        device=tensor.device)

@@ -69,6 +69,7 @@ def _check_reduce_op(op, op_name, name, tensors):
             f"{op_name} '{name}': op=hvd.Adasum is not implemented by hvdcompat yet. Use "
             "op=hvd.Average (or hvd.Sum).")
     for t in tensors:
+        _tensor.require_tensor(t, op_name, name)
         if t.dtype == torch.bool and op not in (Min, Max):
             raise _tensor.UnsupportedDtypeError(
                 f"{op_name} '{name}': bool tensors reduce only with op=hvd.Min (logical and) or "
@@ -120,7 +121,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         TypeError: unsupported dtype.
     """
     op = handle_average_backwards_compatibility(op, average)
-    output = _tensor.empty_like_contiguous(tensor)
+    output = _tensor.empty_like_contiguous(tensor, op="allreduce", name=name)
     return _allreduce_async([tensor], [output], name, op, prescale_factor, postscale_factor,
                             process_set, "allreduce", lambda outs, s, j: output)
 
@@ -182,7 +183,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, finish):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting `tensor` from global rank `root_rank`; the input is not modified."""
-    output = _tensor.empty_like_contiguous(tensor)
+    output = _tensor.empty_like_contiguous(tensor, op="broadcast", name=name)
     return _broadcast_async(tensor, output, root_rank, name, process_set,
                             lambda outs, s, j: output)
 
@@ -239,7 +240,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     Returns:
         A handle; :func:`synchronize` returns ``(output, received_splits)``.
     """
-    if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
+    _tensor.require_tensor(tensor, "alltoall", name)
+    if tensor.dim() == 0:
         raise ValueError(f"alltoall '{name}': cannot alltoall a scalar (0-dim) tensor.")
     _, set_size = _set_rank_size(process_set, "Alltoall")
     values = _splits_list(tensor, splits, set_size, name)

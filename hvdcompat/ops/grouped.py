@@ -36,7 +36,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """
     op = handle_average_backwards_compatibility(op, average)
     tensors = _as_list(tensors, "grouped_allreduce")
-    outputs = [_tensor.empty_like_contiguous(t) for t in tensors]
+    outputs = [_tensor.empty_like_contiguous(t, op="grouped_allreduce", name=name)
+               for t in tensors]
     return _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
                             process_set, "grouped_allreduce",
                             lambda o, s, j: tuple(outputs))

@@ -13,20 +13,24 @@ _STATUS = _core.STATUS
 _handle_map = {}
 # process set id -> number of unnamed ops enqueued on it (names them).
 _noname_counts = {}
+# (process set id, full name) of named ops whose handle is not synchronized.
+_taken_names = set()
 
 
 class _Pending:
-    __slots__ = ("keep", "finish", "device")
+    __slots__ = ("keep", "finish", "device", "taken")
 
-    def __init__(self, keep, finish, device):
+    def __init__(self, keep, finish, device, taken):
         self.keep = keep
         self.finish = finish
         self.device = device  # CUDA device index of the op's tensors, -1 for host
+        self.taken = taken
 
 
 def _reset():
     _handle_map.clear()
     _noname_counts.clear()
+    _taken_names.clear()
 
 
 _on_init.append(_reset)
@@ -49,12 +53,32 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     """
     if not _core.is_initialized():
         raise ValueError(_NOT_INITIALIZED)
+    if process_set_id is None:
+        # A ProcessSet never registered, or removed (remove_process_set clears its id).
+        raise ValueError(f"{op.capitalize()} '{prefix if name is None else name}': Process set "
+                         "provided does not exist, or has not been registered. Register it "
+                         "with hvd.add_process_set or hvd.init(process_sets=...).")
     full, auto = _full_name(prefix, name, process_set_id)
+    # Note [Names stay taken until synchronized]: the core frees a name when
+    # its op completes, which can be microseconds after enqueue once every
+    # rank has submitted it. Whether a second call with the same name is
+    # refused would then depend on timing; holding the name until the handle
+    # is synchronized makes the answer deterministic (Horovod's tests rely on
+    # the refusal). Unnamed ops get fresh names and need no check.
+    taken = None if auto else (process_set_id, full)
+    if taken is not None and taken in _taken_names:
+        raise ValueError(
+            f"{op} '{full}': Requested to allreduce, allgather, or broadcast a tensor with the "
+            "same name as another tensor that is currently being processed (its handle has "
+            "not been synchronized). Call hvd.synchronize on the first handle, or use a "
+            "different name.")
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
+    else:
+        _taken_names.add(taken)
+    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, taken)
     return handle
 
 
@@ -83,7 +107,8 @@ def synchronize(handle):
     ordered after it either way, so the output can be used at once.
 
     Returns None for handles that are unknown (already synchronized, or from
-    before the last init/shutdown).
+    before the last init/shutdown). The op's name may be used again once its
+    handle has been synchronized.
 
     Raises:
         HorovodInternalError: the op failed (ranks disagreed on it, a rank was
@@ -100,6 +125,7 @@ def synchronize(handle):
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         _handle_map.pop(handle, None)
+        _taken_names.discard(pending.taken)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)

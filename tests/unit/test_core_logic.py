@@ -125,6 +125,17 @@ def test_broadcast_during_join_is_an_error():
     assert "hvd.join()" in results[0][1][0]["error"]
 
 
+def test_cached_broadcast_during_join_is_an_error_not_a_stall():
+    join = dict(name="join.0", op=OP["join"], shapes=[])
+    b = req("b", op="broadcast", root=1)
+    rounds = [[[b], [b]],          # negotiated once: cached on both ranks
+              [[join], [b]],       # rank 0 joined; rank 1 repeats the cached broadcast
+              [[], []], [[], []]]
+    results, _ = T.simulate(2, 1024, rounds)
+    errors = [r["error"] for k in (1, 2, 3) for r in results[k][1] if r["names"] == ["b"]]
+    assert errors and "hvd.join()" in errors[0]
+
+
 def test_fusion_merges_compatible_neighbours_up_to_the_threshold():
     def resp(name, n, op="allreduce", dtype="float32"):
         return dict(op=OP[op], dtype=DT[dtype], names=[name], shapes=[[[n]]])
