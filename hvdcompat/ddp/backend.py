@@ -12,11 +12,13 @@ engine's world is the MPI world. Under ``torchrun`` use ``gloo``/``nccl`` and
 
 Note [Deterministic names]: engine ops are matched across ranks by name.
 torch.distributed issues a group's collectives in the same order on every
-rank, so a name built from the group, the call, the dtype and shape, and a
-per-signature counter is the same on every rank. The counter wraps (see
-``_NAME_CYCLE``) so that steady-state training reuses a bounded set of names
-and hits the engine's response cache; before reusing a name, this rank waits
-for its own earlier op of that name, which every rank has already submitted.
+rank, so a name built from the group, the call, the dtype, the shape (only
+for calls whose shapes must agree on every rank: gathers, scatters and
+all-to-all may send different sizes) and a per-signature counter is the same
+on every rank. The counter wraps (see ``_NAME_CYCLE``) so that steady-state
+training reuses a bounded set of names and hits the engine's response cache;
+before reusing a name, this rank waits for its own earlier op of that name,
+which every rank has already submitted.
 """
 
 import torch
@@ -36,6 +38,11 @@ BACKEND_NAME = "hvdcompat"
 
 # Names repeat after this many ops of one signature (Note [Deterministic names]).
 _NAME_CYCLE = 16
+
+# Calls whose tensors may differ in size between ranks: their names leave the shape out.
+_SIZE_MAY_DIFFER = frozenset({
+    "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced", "gather", "scatter", "all_to_all_single", "all_to_all"})
 
 _RedOp = dist.ReduceOp.RedOpType
 
@@ -75,8 +82,11 @@ class _Namer:
         self._inflight = {}
 
     def take(self, call, tensor=None):
-        sig = call if tensor is None else (
-            f"{call}.{str(tensor.dtype)[6:]}.{'x'.join(map(str, tensor.shape)) or 'scalar'}")
+        sig = call
+        if tensor is not None:
+            sig += f".{str(tensor.dtype)[6:]}"
+            if call not in _SIZE_MAY_DIFFER:
+                sig += f".{'x'.join(map(str, tensor.shape)) or 'scalar'}"
         k = self._counts.get(sig, 0)
         self._counts[sig] = k + 1
         name = f"{self._tag}.{sig}.{k % _NAME_CYCLE}"
@@ -114,6 +124,22 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
 
     def getBackendName(self):
         return BACKEND_NAME
+
+    # torch keeps a group's name and description in its C++ backends, and this
+    # group has none: keep them here (destroy_process_group reads group_name).
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", self._tag)
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "")
 
     def __repr__(self):
         return f"ProcessGroupHvdcompat(rank={self.rank()}, size={self.size()}, tag={self._tag})"
@@ -508,7 +534,7 @@ def _create(backend_opts, pg_options=None):
     hvd = _hvd()
     hvd.init()
     if size != hvd.size() or ranks != list(range(hvd.size())):
-        if size != hvd.size() and ranks == list(range(size)):
+        if not dist.is_initialized():  # the default group, not dist.new_group
             raise RuntimeError(
                 f"init_process_group('{BACKEND_NAME}'): WORLD_SIZE is {size} but the MPI job has "
                 f"{hvd.size()} ranks. Unset WORLD_SIZE/RANK (the bootstrap in hvdcompat.ddp "

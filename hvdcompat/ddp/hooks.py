@@ -100,13 +100,25 @@ class HookState:
                                  else int(fusion_threshold))
         self.id = next(_state_ids)
         self._route = None
+        self.route_reason = None
         self._pending = []  # process_group route: buckets waiting to be fused
 
     @property
     def route(self):
-        """``"engine"`` or ``"process_group"`` (decided on first use)."""
+        """``"engine"`` or ``"process_group"`` (decided on first use; see :meth:`resolve`)."""
         if self._route is None:
-            self._route = self._decide()
+            self.resolve(torch.device("cpu"))
+        return self._route
+
+    def resolve(self, device, wire_dtype=None):
+        """Decides the route (once) for buckets on `device`; returns it.
+
+        `wire_dtype` is what the hook puts on the wire (default: this
+        state's compression).
+        """
+        if self._route is None:
+            wire = self.wire_dtype if wire_dtype is None else wire_dtype
+            self._route, self.route_reason = self._decide(torch.device(device), wire)
         return self._route
 
     def _group(self):
@@ -128,16 +140,26 @@ class HookState:
                            f"{hvd.rank()} of {hvd.size()})")
         return True, ""
 
-    def _decide(self):
+    def _decide(self, device, wire_dtype):
         if self.requested_route == "process_group":
-            return "process_group"
+            return "process_group", "requested"
         ok, why = self._engine_spans_group()
-        if ok:
-            return "engine"
-        if self.requested_route == "engine":
+        if not ok and self.requested_route == "engine":
             raise RuntimeError(f"HookState(route='engine'): {why}. Use route='auto' to fall back "
                                "to DDP's own process group.")
-        return "process_group"
+        if not ok:
+            return "process_group", why
+        if (self.requested_route == "auto" and device.type == "cpu"
+                and wire_dtype is not None
+                and dist.get_backend(self._group()) != "hvdcompat"):
+            # Note [Half precision on the engine's CPU path]: MPI has no
+            # 16-bit float sum, so the engine widens fp16/bf16 CPU buffers to
+            # float32 for the reduction: no bytes saved on the wire, and the
+            # conversions cost more than the float32 allreduce itself. The
+            # group's own backend (gloo) reduces half precision natively.
+            return "process_group", ("compressed CPU buckets reduce faster on the process "
+                                     "group: the engine widens 16-bit floats to float32 for MPI")
+        return "engine", "the processes form an MPI world that matches DDP's group"
 
     def describe(self):
         """One line saying how buckets are reduced (for logs)."""
@@ -148,6 +170,7 @@ class HookState:
             how = f"process group '{dist.get_backend(self._group())}'"
             if self.fusion_threshold:
                 how += f", buckets fused up to {self.fusion_threshold} bytes"
+            how += f" ({self.route_reason})"
         return f"allreduce through {how}; compression: {wire}"
 
 
@@ -232,7 +255,7 @@ def _run(state, bucket, wire_dtype):
     st = _as_state(state, wire_dtype)
     wire = st.wire_dtype if wire_dtype is None else wire_dtype
     buf = bucket.buffer()
-    if st.route == "engine":
+    if st.resolve(buf.device, wire) == "engine":
         return _engine_allreduce(st, bucket, buf, wire)
     return _group_allreduce(st, bucket, buf, wire)
 
@@ -260,6 +283,14 @@ def bf16_compress_hook(state, bucket):
     return _run(state, bucket, torch.bfloat16)
 
 
+# DDP refuses any hook whose __name__ is "bf16_compress_hook" unless NCCL is
+# present (a check meant for its own CUDA-only hook), and it logs __qualname__:
+# give ours names of their own.
+for _hook in (allreduce_hook, fp16_compress_hook, bf16_compress_hook):
+    _hook.__name__ = _hook.__qualname__ = f"hvdcompat_{_hook.__name__}"
+del _hook
+
+
 def register(model, compression="none", route="auto", fusion_threshold=None):
     """Registers hvdcompat's allreduce hook on a DDP `model`; returns its HookState.
 
@@ -272,6 +303,7 @@ def register(model, compression="none", route="auto", fusion_threshold=None):
         route / fusion_threshold: as for :class:`HookState`.
     """
     state = HookState(model.process_group, compression, route, fusion_threshold)
-    _ = state.route  # decide now, on the calling thread, while every rank is here
+    # Decide now, on the calling thread, while every rank is here.
+    state.resolve(next(model.parameters()).device)
     model.register_comm_hook(state, allreduce_hook)
     return state
