@@ -24,13 +24,22 @@ constexpr const char* kNotInitialized = "Horovod has not been initialized; use h
 
 struct Core {
   std::mutex mu;
-  std::unique_ptr<Runtime> runtime;
+  // Shared so a thread blocked in wait() keeps the runtime alive while
+  // another thread shuts it down (shutdown fails the op; the waiter returns).
+  std::shared_ptr<Runtime> runtime;
   bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit
 };
 
 Core& TheCore() {
   static Core* core = new Core();  // never destroyed: outlives interpreter teardown
   return *core;
+}
+
+std::shared_ptr<Runtime> RtShared() {
+  Core& core = TheCore();
+  std::lock_guard<std::mutex> lock(core.mu);
+  if (!core.runtime) throw py::value_error(kNotInitialized);
+  return core.runtime;
 }
 
 Runtime& Rt() {
@@ -68,18 +77,19 @@ void Init(py::object comm_handle, std::vector<int> ranks,
     py::gil_scoped_release release;
     int provided = 0;
     if (MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
-    core.runtime = std::make_unique<Runtime>(opts);
+    core.runtime = std::make_shared<Runtime>(opts);
   }
 }
 
 void Shutdown() {
   Core& core = TheCore();
-  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<Runtime> rt;
   {
     std::lock_guard<std::mutex> lock(core.mu);
     rt = std::move(core.runtime);
   }
   py::gil_scoped_release release;
+  if (rt) rt->Stop();
   rt.reset();
 }
 
@@ -113,17 +123,17 @@ int Enqueue(int op, std::string name, bool auto_named, int process_set, int redu
   a.outputs.reserve(outputs.size());
   for (const auto& t : outputs) a.outputs.push_back(ToBuffer(t));
   a.splits = std::move(splits);
-  Runtime& rt = Rt();
+  std::shared_ptr<Runtime> rt = RtShared();
   py::gil_scoped_release release;
-  return rt.Enqueue(std::move(a));
+  return rt->Enqueue(std::move(a));
 }
 
 py::tuple Wait(int handle) {
-  Runtime& rt = Rt();
+  std::shared_ptr<Runtime> rt = RtShared();
   HandleResult r;
   {
     py::gil_scoped_release release;
-    r = rt.handles().Wait(handle);
+    r = rt->handles().Wait(handle);
   }
   py::list outs;
   for (auto& b : r.outputs) outs.append(py::reinterpret_steal<py::object>(ToDLPackCapsule(std::move(b))));
@@ -219,6 +229,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_threads_supported", [] { return Rt().mpi().threads_supported(); });
   m.def("dynamic_process_sets", [] { return Rt().dynamic_process_sets(); });
   m.def("enqueue", &Enqueue);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    Runtime& rt = Rt();
+    py::gil_scoped_release release;
+    rt.StartTimeline(path, mark_cycles);
+  });
+  m.def("stop_timeline", [] {
+    Runtime& rt = Rt();
+    py::gil_scoped_release release;
+    rt.StopTimeline();
+  });
   m.def("poll", [](int h) { return Rt().handles().Poll(h); });
   m.def("wait", &Wait);
   m.def("add_process_set", [](std::vector<int> ranks) {

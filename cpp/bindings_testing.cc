@@ -123,7 +123,7 @@ py::tuple Simulate(int size, size_t cache_capacity, const py::list& rounds) {
           auto now = Clock::now();
           for (size_t k = 0; k < script.size(); ++k) {
             for (const auto& q : script[k][r]) controller.Submit(q, now);
-            results[k][r] = controller.RunCycle(false, now, 0, 0).responses;
+            results[k][r] = controller.RunCycle(false, now, 0).responses;
           }
         } catch (const std::exception& e) {
           errors[r] = e.what();

@@ -12,9 +12,17 @@
 
 namespace hvdcompat {
 
+// A failure of the communication layer. `failed_ranks` lists the ranks of
+// the communicator the failure was reported on that the library declared
+// dead (fault-tolerant MPI only; empty when unknown).
 class CommunicationError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CommunicationError(const std::string& what, std::vector<int> failed_ranks = {})
+      : std::runtime_error(what), failed_ranks_(std::move(failed_ranks)) {}
+  const std::vector<int>& failed_ranks() const { return failed_ranks_; }
+
+ private:
+  std::vector<int> failed_ranks_;
 };
 
 // Layout of the word vector combined in every cycle (see Note [Cycle words]).

@@ -50,7 +50,7 @@ void Controller::Forget(const std::string& name) {
 }
 
 Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point now,
-                                         double stall_seconds, double stall_fail_seconds) {
+                                         double stall_seconds) {
   ++stats_->cycles;
   const size_t w = cache_.NumWords();
   std::vector<uint64_t> words(FlagWords::Size(w), 0);
@@ -139,11 +139,7 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
         if (b.empty()) continue;
         for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, now);
       }
-      std::vector<Response> decided = coordinator_->TakeReady();
-      if (stall_fail_seconds > 0) {
-        for (auto& p : coordinator_->FailStalled(stall_fail_seconds, now)) decided.push_back(std::move(p));
-      }
-      reply = EncodeResponses(decided);
+      reply = EncodeResponses(coordinator_->TakeReady());
     }
     transport_->BroadcastBlob(&reply);
     std::vector<Response> decided = DecodeResponses(reply.data(), reply.size());

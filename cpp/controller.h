@@ -45,10 +45,8 @@ class Controller {
     bool peer_shutdown = false;       // some rank asked to shut down
   };
   // One collective cycle. `stall_seconds` > 0 lets requests cached-but-not-
-  // ready that long go through the coordinator so the stall can be reported;
-  // `stall_fail_seconds` > 0 turns such stalls into error responses.
-  Outcome RunCycle(bool want_shutdown, Clock::time_point now, double stall_seconds,
-                   double stall_fail_seconds);
+  // ready that long go through the coordinator so the stall can be reported.
+  Outcome RunCycle(bool want_shutdown, Clock::time_point now, double stall_seconds);
 
   const ResponseCache& cache() const { return cache_; }
   // Only on set rank 0.

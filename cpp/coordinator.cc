@@ -286,41 +286,4 @@ std::vector<Coordinator::Stalled> Coordinator::FindStalled(double seconds,
   return out;
 }
 
-std::vector<Response> Coordinator::FailStalled(double seconds, Clock::time_point now) {
-  std::vector<Response> out;
-  for (const auto& s : FindStalled(seconds, now)) {
-    const Row& row = rows_.at(s.name);
-    Response p;
-    for (int r = 0; r < size_; ++r) {
-      if (row.have[r]) {
-        const Request& q = row.requests[r];
-        p.op = q.op;
-        p.dtype = q.dtype;
-        p.units.push_back({s.name, q.shapes});
-        break;
-      }
-    }
-    std::ostringstream os;
-    os << OpTypeName(s.op) << " '" << s.name << "' stalled for " << static_cast<int>(s.waited_seconds)
-       << " s and was cancelled (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): submitted by rank(s) ";
-    for (size_t i = 0; i < s.submitted.size(); ++i) os << (i ? ", " : "") << s.submitted[i];
-    os << " but never by rank(s) ";
-    for (size_t i = 0; i < s.missing.size(); ++i) os << (i ? ", " : "") << s.missing[i];
-    os << ". Check that every rank submits the same names in the same order, and use "
-          "hvd.join() when ranks have uneven amounts of data.";
-    p.error = os.str();
-    p.error_code = StatusCode::kInternal;
-    out.push_back(std::move(p));
-    rows_.erase(s.name);
-  }
-  if (!out.empty()) {
-    std::vector<std::string> keep;
-    for (const auto& n : order_) {
-      if (rows_.count(n)) keep.push_back(n);
-    }
-    order_.swap(keep);
-  }
-  return out;
-}
-
 }  // namespace hvdcompat

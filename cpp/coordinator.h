@@ -36,8 +36,6 @@ class Coordinator {
   };
   // Names submitted by some ranks but not all for at least `seconds`.
   std::vector<Stalled> FindStalled(double seconds, Clock::time_point now) const;
-  // Turns rows stalled for `seconds` into error responses (and forgets them).
-  std::vector<Response> FailStalled(double seconds, Clock::time_point now);
 
   int joined_count() const { return joined_count_; }
   bool empty() const { return rows_.empty(); }

@@ -1,9 +1,44 @@
 #include "mpi_util.h"
 
+#include <mpi-ext.h>
+
 #include <sstream>
 
 
 namespace hvdcompat {
+
+std::vector<int> FailedRanks(MPI_Comm comm, int error_code) {
+  std::vector<int> ranks;
+#if defined(MPIX_ERR_PROC_FAILED) && defined(OMPI_HAVE_MPIX_COMM_GET_FAILED)
+  int cls = 0;
+  MPI_Error_class(error_code, &cls);
+  if (comm == MPI_COMM_NULL || (cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_REVOKED &&
+                                cls != MPIX_ERR_PROC_FAILED_PENDING)) {
+    return ranks;
+  }
+  MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return ranks;
+  int n = 0;
+  MPI_Group_size(failed, &n);
+  if (n > 0 && MPI_Comm_group(comm, &all) == MPI_SUCCESS) {
+    std::vector<int> in(n), out(n);
+    for (int i = 0; i < n; ++i) in[i] = i;
+    MPI_Group_translate_ranks(failed, n, in.data(), all, out.data());
+    for (int r : out) {
+      if (r != MPI_UNDEFINED) ranks.push_back(r);
+    }
+    MPI_Group_free(&all);
+  }
+  MPI_Group_free(&failed);
+  // Make every survivor's pending operation on this communicator fail too,
+  // instead of waiting for a peer that will never come.
+  MPIX_Comm_revoke(comm);
+#else
+  (void)comm;
+  (void)error_code;
+#endif
+  return ranks;
+}
 
 void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
@@ -12,7 +47,7 @@ void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, in
   std::ostringstream os;
   os << "MPI call " << call << " failed: " << std::string(text, len) << " (error code " << rc
      << ", " << file << ":" << line << ")";
-  throw CommunicationError(os.str());
+  throw CommunicationError(os.str(), FailedRanks(comm, rc));
 }
 
 namespace {

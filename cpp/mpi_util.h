@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "control_transport.h"
@@ -14,6 +15,11 @@ namespace hvdcompat {
 // file:line. Failed peers (ULFM) are named when the library can tell.
 [[noreturn]] void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file,
                                 int line);
+
+// Ranks of `comm` that a fault-tolerant MPI (ULFM) reports as failed after
+// `error_code`; revokes the communicator when there are any. Empty without
+// ULFM support or when the error is not a process failure.
+std::vector<int> FailedRanks(MPI_Comm comm, int error_code);
 
 #define HVD_MPI_CHECK(comm, call)                                             \
   do {                                                                        \

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "fusion.h"
@@ -19,24 +20,46 @@ std::string JoinInts(const std::vector<int>& v) {
   return s;
 }
 
+MPI_Comm DupOrNull(MPI_Comm comm, bool wanted) {
+  if (!wanted) return MPI_COMM_NULL;
+  MPI_Comm dup;
+  HVD_MPI_CHECK(comm, MPI_Comm_dup(comm, &dup));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return dup;
+}
+
+std::string Upper(const char* s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
 }  // namespace
 
 ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks,
                                    const Config& config, HandleTable* handles,
-                                   const MpiOps* mpi_ops, EngineStats* stats)
+                                   const MpiOps* mpi_ops, EngineStats* stats, Timeline* timeline)
     : id_(id),
       comm_(comm),
       global_ranks_(std::move(global_ranks)),
       config_(config),
       handles_(handles),
       stats_(stats),
+      timeline_(timeline),
+      timeline_sink_(timeline, id),
       poller_(config.poll_spin_micros, config.poll_max_sleep_micros, &abort_),
       transport_(comm, mpi_ops, &poller_),
       controller_(&transport_, static_cast<size_t>(config.cache_capacity), global_ranks_, id,
-                  stats) {
+                  stats),
+      stall_(DupOrNull(comm, config.stall_check_seconds > 0 || config.stall_shutdown_seconds > 0),
+             global_ranks_, id,
+             config.stall_check_seconds > 0 ? config.stall_check_seconds
+                                            : config.stall_shutdown_seconds) {
   rank_ = transport_.rank();
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
-  next_stall_report_ = Clock::now();
+  for (auto& b : backends_) b->set_activity(&timeline_sink_);
+  // While waiting for peers, keep stall reports flowing (runs on this thread).
+  poller_.set_tick([this](double) { InspectStalls(Clock::now()); });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -60,11 +83,13 @@ void ProcessSetWorker::Enqueue(std::unique_ptr<TensorEntry> entry) {
   if (!in_flight_.insert(name).second) {
     throw InvalidArgument(
         std::string(OpTypeName(entry->request.op)) + " '" + name +
-        "': an operation with this name is still in flight on this rank. Requested to "
-        "allreduce, allgather, or broadcast a tensor with the same name as another tensor "
-        "that is currently being processed. Wait for the first one (hvd.synchronize) or use "
-        "a different name.");
+        "': an operation with this name is still in flight on rank " +
+        std::to_string(global_ranks_[rank_]) +
+        ". Requested to allreduce, allgather, or broadcast a tensor with the same name as "
+        "another tensor that is currently being processed. Wait for the first one "
+        "(hvd.synchronize) or use a different name.");
   }
+  entry->enqueued = Clock::now();
   incoming_.push_back(std::move(entry));
   lock.unlock();
   cv_.notify_one();
@@ -112,26 +137,84 @@ void ProcessSetWorker::FailEverything(const Status& status) {
   for (auto& e : pending) Complete(std::move(e), status);
 }
 
-void ProcessSetWorker::ReportStalls(Clock::time_point now) {
-  if (config_.stall_check_seconds <= 0 || now < next_stall_report_) return;
-  next_stall_report_ = now + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(config_.stall_check_seconds));
-  Coordinator* coord = controller_.coordinator();
-  if (!coord) return;
-  auto stalled = coord->FindStalled(config_.stall_check_seconds, now);
-  if (stalled.empty()) return;
-  std::ostringstream os;
-  os << "One or more tensors were submitted to be reduced, gathered or broadcast by a subset of "
-        "ranks and are waiting for the remaining ranks"
-     << (id_ ? " (process set " + std::to_string(id_) + ")" : std::string()) << ":";
-  for (const auto& s : stalled) {
-    os << "\n  " << OpTypeName(s.op) << " '" << s.name << "' waiting "
-       << static_cast<int>(s.waited_seconds) << " s: submitted by rank(s) " << JoinInts(s.submitted)
-       << "; missing on rank(s) " << JoinInts(s.missing);
+std::vector<StallInspector::Pending> ProcessSetWorker::PendingWaits(Clock::time_point now) const {
+  std::vector<StallInspector::Pending> out;
+  out.reserve(entries_.size());
+  for (const auto& kv : entries_) {
+    if (kv.second->request.op == OpType::kJoin) continue;
+    out.push_back({kv.first, kv.second->request.op,
+                   std::chrono::duration<double>(now - kv.second->submitted).count()});
   }
-  os << "\nUsual causes: ranks submit different names or a different order (name your ops "
-        "consistently), or some ranks have less data than others (use hvd.join()).";
-  HVD_LOG(kWarning) << os.str();
+  return out;
+}
+
+void ProcessSetWorker::InspectStalls(Clock::time_point now) {
+  if (!stall_.enabled()) return;
+  std::vector<StallInspector::Pending> mine = PendingWaits(now);
+  stall_.Tick(mine, controller_.coordinator(), now);
+  if (config_.stall_shutdown_seconds <= 0 || !stall_failure_.empty()) return;
+  double oldest = 0;
+  for (const auto& p : mine) oldest = std::max(oldest, p.waited_seconds);
+  if (oldest < config_.stall_shutdown_seconds) return;
+  std::string detail = stall_.Describe(mine, controller_.coordinator(), now, 0);
+  std::ostringstream os;
+  os << "hvdcompat stopped this rank's collectives" << (id_ ? " in process set " + std::to_string(id_) : "")
+     << " after an operation waited " << static_cast<int>(oldest)
+     << " s for other ranks (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
+     << config_.stall_shutdown_seconds << ").";
+  if (!detail.empty()) {
+    os << " " << detail;
+  } else {
+    os << " Pending here:";
+    for (const auto& p : mine) os << " " << OpTypeName(p.op) << " '" << p.name << "'";
+    os << ". Set rank 0's stall warning names the ranks that did not submit.";
+  }
+  stall_failure_ = os.str();
+  abort_.store(true);  // the poller throws on its next wake-up; the loop reports it
+}
+
+std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
+  std::ostringstream os;
+  if (!stall_failure_.empty()) return stall_failure_;
+  const auto* ce = dynamic_cast<const CommunicationError*>(&e);
+  if (ce && !ce->failed_ranks().empty()) {
+    std::vector<int> lost;
+    for (int r : ce->failed_ranks()) {
+      lost.push_back(r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r);
+    }
+    os << "rank(s) " << JoinInts(lost) << " failed (the process exited, was killed, or lost its "
+       << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
+       << "; collectives cannot complete without it. Look for that rank's own error first; "
+          "restart the job or use elastic training to continue with the survivors.";
+  } else {
+    os << "hvdcompat background worker" << (id_ ? " of process set " + std::to_string(id_) : std::string())
+       << " on rank " << global_ranks_[rank_] << " failed";
+  }
+  std::vector<std::string> names;
+  for (const auto& kv : entries_) names.push_back(kv.first);
+  std::sort(names.begin(), names.end());
+  if (!names.empty()) {
+    os << " Pending on this rank:";
+    for (size_t i = 0; i < names.size() && i < 8; ++i) os << " '" << names[i] << "'";
+    if (names.size() > 8) os << " and " << names.size() - 8 << " more";
+    os << ".";
+  }
+  os << " [" << e.what() << "]";
+  return os.str();
+}
+
+void ProcessSetWorker::RecordNegotiated(const std::vector<Response>& responses,
+                                        Clock::time_point now) {
+  if (!timeline_->active()) return;
+  for (const auto& r : responses) {
+    std::string phase = "NEGOTIATE_" + Upper(OpTypeName(r.op));
+    for (const auto& u : r.units) {
+      auto it = entries_.find(u.name);
+      if (it == entries_.end()) continue;
+      timeline_->Span(id_, u.name, phase.c_str(), it->second->submitted, now,
+                      r.is_error() ? "\"error\": true" : std::string());
+    }
+  }
 }
 
 void ProcessSetWorker::Loop() {
@@ -150,12 +233,13 @@ void ProcessSetWorker::Loop() {
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (!controller_.HasPending() && incoming_.empty() && !shutdown_requested_) {
-          // Idle: sleep until work arrives; wake up now and then for stall checks.
+          // Idle: sleep until work arrives; the coordinator wakes up every
+          // second to read other ranks' stall reports.
           while (incoming_.empty() && !shutdown_requested_) {
-            if (config_.stall_check_seconds > 0 && controller_.coordinator()) {
+            if (stall_.enabled() && rank_ == 0) {
               cv_.wait_for(lock, std::chrono::seconds(1));
               lock.unlock();
-              ReportStalls(Clock::now());
+              InspectStalls(Clock::now());
               lock.lock();
             } else {
               cv_.wait(lock);
@@ -176,16 +260,24 @@ void ProcessSetWorker::Loop() {
       }
       auto now = Clock::now();
       for (auto& e : fresh) {
+        e->submitted = now;
+        if (timeline_->active()) timeline_->Span(id_, e->request.name, "QUEUE", e->enqueued, now);
         controller_.Submit(e->request, now);
         std::string name = e->request.name;
         entries_[name] = std::move(e);
       }
-      Controller::Outcome out = controller_.RunCycle(
-          want_shutdown, now, config_.stall_check_seconds, config_.stall_shutdown_seconds);
+      if (timeline_->active() && timeline_->mark_cycles()) {
+        timeline_->Instant(id_, "engine", "CYCLE_START", now);
+      }
+      // Requests cached but unmatched for half the check time go through the
+      // coordinator, so the stall warning can name who has not submitted.
+      double reroute = config_.stall_check_seconds > 0 ? config_.stall_check_seconds / 2 : 0;
+      Controller::Outcome out = controller_.RunCycle(want_shutdown, now, reroute);
       progressed = !out.responses.empty() || !fresh.empty();
       if (progressed) backoff_us = 10;
+      RecordNegotiated(out.responses, Clock::now());
       Execute(std::move(out.responses));
-      ReportStalls(Clock::now());
+      InspectStalls(Clock::now());
       if (want_shutdown || out.peer_shutdown) {
         std::string who = want_shutdown ? "this rank" : "another rank";
         FailEverything(Status::Error(
@@ -198,9 +290,7 @@ void ProcessSetWorker::Loop() {
       }
     }
   } catch (const std::exception& e) {
-    std::string msg = std::string("hvdcompat background worker") +
-                      (id_ ? " of process set " + std::to_string(id_) : std::string()) +
-                      " failed: " + e.what();
+    std::string msg = DescribeFailure(e);
     HVD_LOG(kError) << msg;
     FailEverything(Status::Error(StatusCode::kInternal, msg));
   }
@@ -245,6 +335,7 @@ void ProcessSetWorker::Execute(std::vector<Response> responses) {
       for (const auto& u : r.units) CompleteByName(u.name, s);
       continue;
     }
+    auto start = Clock::now();
     try {
       backend->Execute(r, units);
     } catch (const InvalidArgument& e) {
@@ -252,12 +343,16 @@ void ProcessSetWorker::Execute(std::vector<Response> responses) {
         CompleteByName(u.name, Status::Error(StatusCode::kInvalidArgument, e.what()));
       }
       continue;
-    } catch (const std::exception& e) {
-      std::string msg = std::string(backend->name()) + " " + OpTypeName(r.op) + " of '" +
-                        r.units[0].name + "'" + (r.units.size() > 1 ? " (fused)" : "") +
-                        " failed: " + e.what();
-      for (const auto& u : r.units) CompleteByName(u.name, Status::Error(StatusCode::kInternal, msg));
-      throw;  // the communicator cannot be trusted any more
+    }
+    // Any other failure propagates: the communicator cannot be trusted any
+    // more, and the loop fails every pending entry with the reason.
+    if (timeline_->active()) {
+      auto end = Clock::now();
+      std::string phase = Upper(OpTypeName(r.op));
+      std::string args = "\"tensors\": " + std::to_string(tensors) +
+                         ", \"bytes\": " + std::to_string(r.TotalBytes()) + ", \"backend\": \"" +
+                         backend->name() + "\"";
+      for (const auto& u : r.units) timeline_->Span(id_, u.name, phase.c_str(), start, end, args);
     }
     stats_->collectives.fetch_add(1, std::memory_order_relaxed);
     stats_->tensors.fetch_add(tensors, std::memory_order_relaxed);

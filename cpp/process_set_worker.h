@@ -28,14 +28,18 @@
 #include "mpi_transport.h"
 #include "ops/backend.h"
 #include "poller.h"
+#include "stall_inspector.h"
+#include "timeline.h"
 
 namespace hvdcompat {
 
 class ProcessSetWorker {
  public:
   // Takes ownership of `comm` (freed when the worker is destroyed).
+  // `timeline` (may be inactive) and `stats` must outlive the worker.
   ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks, const Config& config,
-                   HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats);
+                   HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats,
+                   Timeline* timeline);
   ~ProcessSetWorker();
   ProcessSetWorker(const ProcessSetWorker&) = delete;
   ProcessSetWorker& operator=(const ProcessSetWorker&) = delete;
@@ -60,7 +64,24 @@ class ProcessSetWorker {
   void Complete(std::unique_ptr<TensorEntry> entry, Status status);
   void CompleteByName(const std::string& name, const Status& status);
   void FailEverything(const Status& status);
-  void ReportStalls(Clock::time_point now);
+  // Stall reporting; may end the worker when HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passes.
+  void InspectStalls(Clock::time_point now);
+  std::vector<StallInspector::Pending> PendingWaits(Clock::time_point now) const;
+  std::string DescribeFailure(const std::exception& e) const;
+  void RecordNegotiated(const std::vector<Response>& responses, Clock::time_point now);
+
+  class TimelineSink : public ActivitySink {
+   public:
+    TimelineSink(Timeline* t, int pid) : timeline_(t), pid_(pid) {}
+    bool enabled() const override { return timeline_->active(); }
+    void Record(const char* phase, Clock::time_point s, Clock::time_point e) override {
+      timeline_->Span(pid_, "engine", phase, s, e);
+    }
+
+   private:
+    Timeline* timeline_;
+    int pid_;
+  };
 
   const int id_;
   MPI_Comm comm_;
@@ -68,12 +89,15 @@ class ProcessSetWorker {
   Config config_;
   HandleTable* handles_;
   EngineStats* stats_;
+  Timeline* timeline_;
+  TimelineSink timeline_sink_;
   int rank_ = 0;
 
   std::atomic<bool> abort_{false};
   Poller poller_;
   MpiTransport transport_;
   Controller controller_;
+  StallInspector stall_;
   std::vector<std::unique_ptr<CollectiveBackend>> backends_;
 
   // Guarded by mu_.
@@ -87,7 +111,7 @@ class ProcessSetWorker {
 
   // Worker thread only.
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
-  Clock::time_point next_stall_report_;
+  std::string stall_failure_;  // set when the stall shutdown time passed
 
   std::thread thread_;
 };

@@ -35,31 +35,61 @@ Runtime::Runtime(const InitOptions& options)
       dynamic_(options.dynamic_process_sets || KnobBool(Knob::kDynamicProcessSets)) {
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());
+  if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
+    timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
+  }
   std::vector<int> all(mpi_->size());
   for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
   std::lock_guard<std::mutex> lock(sets_mu_);
   set_ranks_[0] = all;
   workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
-                                                   &mpi_->ops(), &stats_);
+                                                   &mpi_->ops(), &stats_, &timeline_);
   for (const auto& ranks : options.process_sets) RegisterLocked(ranks);
 }
 
 Runtime::~Runtime() {
+  Stop();
+  mpi_.reset();
+}
+
+void Runtime::Stop() {
   std::map<int, std::shared_ptr<ProcessSetWorker>> workers;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
+    stopped_ = true;
     workers.swap(workers_);
   }
   // Sub-sets first, the global set last: its shutdown cycle tells everyone.
   for (auto it = workers.rbegin(); it != workers.rend(); ++it) it->second->Shutdown();
   workers.clear();
-  mpi_.reset();
+  timeline_.Stop();
+}
+
+void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (config_.timeline_path != "DYNAMIC") {
+    throw InvalidArgument(
+        "Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage (hvd.start_timeline / "
+        "hvd.stop_timeline); it must be set before hvd.init().");
+  }
+  if (mpi_->rank() == 0) timeline_.Start(path, mark_cycles);
+}
+
+void Runtime::StopTimeline() {
+  if (config_.timeline_path != "DYNAMIC") {
+    throw InvalidArgument("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.");
+  }
+  timeline_.Stop();
 }
 
 int Runtime::Enqueue(EnqueueArgs args) {
   std::shared_ptr<ProcessSetWorker> worker;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
+    if (stopped_) {
+      throw InvalidArgument(OpLabel(args.op) + " '" + args.name +
+                            "': hvdcompat has been shut down on this rank; call hvd.init() "
+                            "before further collectives.");
+    }
     auto w = workers_.find(args.process_set);
     if (w == workers_.end()) {
       if (set_ranks_.count(args.process_set)) {
@@ -183,7 +213,7 @@ int Runtime::RegisterLocked(std::vector<int> ranks) {
   if (set_comm != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(set_comm, MPI_ERRORS_RETURN);
     workers_[id] = std::make_shared<ProcessSetWorker>(id, set_comm, ranks, config_, &handles_,
-                                                      &mpi_->ops(), &stats_);
+                                                      &mpi_->ops(), &stats_, &timeline_);
   }
   return id;
 }

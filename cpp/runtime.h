@@ -19,6 +19,7 @@
 #include "handle_table.h"
 #include "mpi_context.h"
 #include "process_set_worker.h"
+#include "timeline.h"
 
 namespace hvdcompat {
 
@@ -54,7 +55,11 @@ struct ProcessSetInfo {
 class Runtime {
  public:
   explicit Runtime(const InitOptions& options);
+  // Stop()s, then frees the communicators.
   ~Runtime();
+  // Shuts every process set down (pending ops fail, waiters wake up).
+  // Idempotent; the object stays valid for threads still holding it.
+  void Stop();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -63,6 +68,11 @@ class Runtime {
   HandleTable& handles() { return handles_; }
   EngineStats& stats() { return stats_; }
   bool dynamic_process_sets() const { return dynamic_; }
+
+  // Timeline written by rank 0 (other ranks record nothing). StartTimeline
+  // throws InvalidArgument unless HOROVOD_TIMELINE=DYNAMIC was set at init.
+  void StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
   // Validates, registers a handle and hands the op to its process set.
   // Throws InvalidArgument for the caller's mistakes (nothing is enqueued).
@@ -82,9 +92,11 @@ class Runtime {
   std::unique_ptr<MpiContext> mpi_;
   HandleTable handles_;
   EngineStats stats_;
+  Timeline timeline_;  // outlives the workers (declared before them)
   bool dynamic_;
 
   mutable std::mutex sets_mu_;
+  bool stopped_ = false;  // guarded by sets_mu_
   std::map<int, std::vector<int>> set_ranks_;                     // every registered set
   std::map<int, std::shared_ptr<ProcessSetWorker>> workers_;      // sets this rank is in
   std::deque<int> free_ids_;

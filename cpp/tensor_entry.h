@@ -2,6 +2,7 @@
 // it hands back through its handle.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -46,6 +47,8 @@ struct TensorEntry {
   std::vector<BufferDesc> outputs;  // caller-provided; empty when the core allocates
   std::vector<std::vector<int64_t>> splits;  // alltoall: rows sent to each rank
   HandleResult result;
+  std::chrono::steady_clock::time_point enqueued;   // handed to the worker
+  std::chrono::steady_clock::time_point submitted;  // taken into negotiation
 };
 
 }  // namespace hvdcompat

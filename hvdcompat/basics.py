@@ -12,7 +12,7 @@ __all__ = [
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
     "cuda_built", "rocm_built", "sycl_built", "engine_stats", "reset_engine_stats",
-    "build_info", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "build_info", "start_timeline", "stop_timeline", "Average", "Sum", "Adasum", "Min", "Max", "Product",
 ]
 
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
@@ -213,6 +213,28 @@ def mpi_threads_supported():
     """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
     _require_init()
     return _core.mpi_threads_supported()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline to `file_path` (rank 0 writes it).
+
+    Requires ``HOROVOD_TIMELINE=DYNAMIC`` in the environment at :func:`init`.
+    The file is a complete JSON array after every flush (about every 100 ms),
+    so it can be opened while the job runs and survives an abrupt end; load it
+    in chrome://tracing or https://ui.perfetto.dev.
+
+    Args:
+        file_path: where to write (truncated).
+        mark_cycles: also mark every negotiation cycle.
+    """
+    _require_init()
+    _core.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    """Stops the timeline started by :func:`start_timeline` and closes the file."""
+    _require_init()
+    _core.stop_timeline()
 
 
 def mpi_enabled():

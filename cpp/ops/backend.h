@@ -3,6 +3,7 @@
 // runs it (MPI for host buffers; NCCL for CUDA buffers when loaded).
 #pragma once
 
+#include <chrono>
 #include <vector>
 
 #include "message.h"
@@ -17,14 +18,38 @@ struct ExecUnit {
   TensorEntry* entry;
 };
 
+// Receives the phases of a running collective (fusion copies, the transfer
+// itself) for the timeline. Called on the worker thread.
+class ActivitySink {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~ActivitySink() = default;
+  virtual bool enabled() const = 0;
+  virtual void Record(const char* phase, Clock::time_point start, Clock::time_point end) = 0;
+};
+
 class CollectiveBackend {
  public:
   virtual ~CollectiveBackend() = default;
+  // Where to report phases; may stay null.
+  void set_activity(ActivitySink* activity) { activity_ = activity; }
   virtual const char* name() const = 0;
   virtual bool CanExecute(const Response& response) const = 0;
   // Runs the collective on every rank of the set; writes outputs and fills
   // entry->result (except status). Throws on failure.
   virtual void Execute(const Response& response, std::vector<ExecUnit>& units) = 0;
+
+ protected:
+  bool recording() const { return activity_ && activity_->enabled(); }
+  // Runs `f`, reporting it as `phase` when the timeline records.
+  template <typename F>
+  void Timed(const char* phase, F&& f) {
+    if (!recording()) return f();
+    auto start = ActivitySink::Clock::now();
+    f();
+    activity_->Record(phase, start, ActivitySink::Clock::now());
+  }
+  ActivitySink* activity_ = nullptr;
 };
 
 }  // namespace hvdcompat

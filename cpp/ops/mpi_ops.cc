@@ -57,10 +57,11 @@ bool MpiBackend::CanExecute(const Response& r) const { return r.device == kCpuDe
 void MpiBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
   switch (r.op) {
     case OpType::kAllreduce: return Allreduce(r, units);
-    case OpType::kAllgather: return Allgather(r, units);
-    case OpType::kBroadcast: return Broadcast(r, units);
-    case OpType::kAlltoall: return Alltoall(r, units);
-    case OpType::kReducescatter: return Reducescatter(r, units);
+    case OpType::kAllgather: return Timed("MPI_ALLGATHER", [&] { Allgather(r, units); });
+    case OpType::kBroadcast: return Timed("MPI_BCAST", [&] { Broadcast(r, units); });
+    case OpType::kAlltoall: return Timed("MPI_ALLTOALL", [&] { Alltoall(r, units); });
+    case OpType::kReducescatter:
+      return Timed("MPI_REDUCESCATTER", [&] { Reducescatter(r, units); });
     case OpType::kBarrier:
     case OpType::kJoin:
       // Negotiation already synchronised every rank of the set.
@@ -91,14 +92,14 @@ void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, doubl
     const char* in = p.in + off * esize;
     char* out = p.out + off * esize;
     if (p.pre != 1.0) {
-      ScaleCopy(out, in, n, dtype, p.pre);
-      AllreduceElements(MPI_IN_PLACE, out, n, dtype, op);
-    } else if (in != out) {
-      AllreduceElements(in, out, n, dtype, op);
+      Timed("PRESCALE", [&] { ScaleCopy(out, in, n, dtype, p.pre); });
+      Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
     } else {
-      AllreduceElements(MPI_IN_PLACE, out, n, dtype, op);
+      Timed("MPI_ALLREDUCE", [&] {
+        AllreduceElements(in != out ? in : MPI_IN_PLACE, out, n, dtype, op);
+      });
     }
-    if (post != 1.0) ScaleCopy(out, out, n, dtype, post);
+    if (post != 1.0) Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post); });
   }
 }
 
@@ -120,27 +121,31 @@ void MpiBackend::ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype
   while (pi < pieces.size()) {
     segs.clear();
     int64_t filled = 0;
-    while (pi < pieces.size() && filled < chunk) {
-      const Piece& p = pieces[pi];
-      int64_t n = std::min(p.count - poff, chunk - filled);
-      if (n > 0) {
-        ConvertScale(buf + filled * wsize, wire, p.in + poff * esize, dtype, n, p.pre);
-        segs.push_back({&p, poff, n});
-        filled += n;
-        poff += n;
+    Timed("MEMCPY_IN_FUSION_BUFFER", [&] {
+      while (pi < pieces.size() && filled < chunk) {
+        const Piece& p = pieces[pi];
+        int64_t n = std::min(p.count - poff, chunk - filled);
+        if (n > 0) {
+          ConvertScale(buf + filled * wsize, wire, p.in + poff * esize, dtype, n, p.pre);
+          segs.push_back({&p, poff, n});
+          filled += n;
+          poff += n;
+        }
+        if (poff >= p.count) {
+          ++pi;
+          poff = 0;
+        }
       }
-      if (poff >= p.count) {
-        ++pi;
-        poff = 0;
-      }
-    }
+    });
     if (filled == 0) break;
-    AllreduceElements(MPI_IN_PLACE, buf, filled, wire, op);
-    int64_t at = 0;
-    for (const auto& s : segs) {
-      ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post);
-      at += s.count;
-    }
+    Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, buf, filled, wire, op); });
+    Timed("MEMCPY_OUT_FUSION_BUFFER", [&] {
+      int64_t at = 0;
+      for (const auto& s : segs) {
+        ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post);
+        at += s.count;
+      }
+    });
   }
 }
 

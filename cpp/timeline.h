@@ -1,0 +1,69 @@
+// Chrome-trace timeline (HOROVOD_TIMELINE): one row per tensor with its
+// queueing, negotiation and collective, plus an engine row with fusion
+// copies and cycle marks. Loads in chrome://tracing and ui.perfetto.dev.
+//
+// Note [Timeline file stays valid]: a writer thread appends events about
+// every 100 ms and always leaves the file ending in "\n]", seeking back over
+// those two bytes before the next batch. So the file is a complete JSON
+// array after every batch: it can be read while the job runs, and it is
+// valid after an abrupt end (at most the last 100 ms are missing).
+//
+// Thread-safe: any worker may record; Start/Stop come from API threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace hvdcompat {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Timeline() = default;
+  ~Timeline() { Stop(); }
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Opens (truncates) `path`; throws InvalidArgument when it cannot.
+  void Start(const std::string& path, bool mark_cycles);
+  // Flushes and closes; idempotent.
+  void Stop();
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+  bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
+
+  // A complete event ("X") on row `row` of process `pid`. `args_json` is a
+  // JSON object body without braces (e.g. "\"bytes\": 12"), or empty.
+  void Span(int pid, const std::string& row, const char* name, Clock::time_point start,
+            Clock::time_point end, const std::string& args_json = std::string());
+  // An instant event ("i") on row `row`.
+  void Instant(int pid, const std::string& row, const char* name, Clock::time_point at);
+
+ private:
+  int RowIdLocked(int pid, const std::string& row);
+  void WriterLoop();
+  void Write(std::vector<std::string>* batch);
+
+  std::atomic<bool> active_{false};
+  std::atomic<bool> mark_cycles_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> queue_;
+  std::unordered_map<std::string, int> rows_;
+  std::unordered_set<int> pids_;
+  bool stopping_ = false;
+  std::FILE* file_ = nullptr;
+  bool first_event_ = true;
+  Clock::time_point origin_;
+  std::thread writer_;
+};
+
+}  // namespace hvdcompat

@@ -1,0 +1,106 @@
+"""Failures become errors within bounds, stalls are explained, timelines stay valid."""
+
+import json
+import re
+import sys
+
+import pytest
+
+from harness import run_ranks
+
+PY = sys.executable
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_lost_rank_is_named_on_survivors_under_fault_tolerant_mpi(np):
+    result = run_ranks(np, [PY, "tests/scripts/lose_rank.py"], timeout=180, check=False,
+                       mpi_args=["--with-ft", "ulfm", "--mca", "btl", "tcp,self"])
+    lines = [l for l in result.output.splitlines() if "SURVIVOR" in l]
+    assert len(lines) == np - 1, result.output
+    for line in lines:
+        m = re.search(r"SURVIVOR (\d+) ([\d.]+) (\w+): (.*)", line)
+        assert m, line
+        assert m.group(3) == "HorovodInternalError", line
+        assert float(m.group(2)) < 30, line  # the bound; it is well under a second here
+        assert "rank(s) 1 failed" in m.group(4), line
+    assert result.output.count("AFTER") == np - 1, result.output
+
+
+def test_lost_rank_under_plain_mpirun_ends_the_job_naming_it():
+    result = run_ranks(3, [PY, "tests/scripts/lose_rank.py"], timeout=120, check=False)
+    assert result.returncode != 0 and not result.timed_out
+    out = result.output
+    # Open MPI's launcher names the first process that died and its exit code.
+    assert re.search(r"Process name: \[.*,1\]", out) or "rank 1" in out, out
+    assert "Exit code:    3" in out or "exit code 3" in out.lower(), out
+
+
+def test_stall_warning_names_the_missing_rank():
+    result = run_ranks(3, [PY, "tests/scripts/stall.py"], timeout=120,
+                       env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "STALL_TEST_SLEEP": "4"})
+    out = result.output
+    warnings = [l for l in out.splitlines() if "allreduce 'allreduce.late' waiting" in l]
+    assert warnings, out
+    assert all("not submitted by rank(s) 1" in w and "submitted by rank(s) 0, 2" in w
+               for w in warnings), warnings
+    assert "hvd.join()" in out  # the hint
+    assert out.count("DONE") == 3  # a stall is only a warning by default
+
+
+def test_stall_check_disable_silences_the_warning():
+    result = run_ranks(2, [PY, "tests/scripts/stall.py"], timeout=120,
+                       env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "STALL_TEST_SLEEP": "3",
+                            "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    assert "Stalled operations" not in result.output
+
+
+def test_stall_shutdown_fails_the_stalled_operation():
+    result = run_ranks(2, [PY, "tests/scripts/stall.py"], timeout=120, check=False,
+                       env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2", "STALL_TEST_SLEEP": "8"})
+    out = result.output
+    at = out.find("FAILED 0 ")
+    assert at >= 0, out
+    message = out[at:]
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in message.splitlines()[0]
+    assert "not submitted by rank(s) 1" in message  # the error itself names the missing rank
+    assert float(message.split()[2]) < 10
+
+
+@pytest.mark.parametrize("mode", ["normal", "dynamic", "kill"])
+def test_timeline_is_valid_chrome_trace(tmp_path, mode):
+    path = tmp_path / "timeline.json"
+    env = {"HOROVOD_TIMELINE": "DYNAMIC" if mode == "dynamic" else str(path)}
+    if mode != "dynamic":
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    # "kill" ends every rank with os._exit: MPI reports an abnormal end, by design.
+    result = run_ranks(2, [PY, "tests/scripts/timeline.py", str(path), mode], timeout=120,
+                       env=env, check=mode != "kill")
+    assert "MIDRUN" in result.output and not result.timed_out
+    events = json.loads(path.read_text())
+    names = {e["name"] for e in events}
+    for expected in ("QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MPI_ALLREDUCE",
+                     "NEGOTIATE_BROADCAST", "BROADCAST", "CYCLE_START", "thread_name"):
+        assert expected in names, (expected, sorted(names))
+    rows = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert "allreduce.grad.0" in rows and "engine" in rows
+    for e in events:
+        assert e["ph"] in ("X", "i", "M"), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and e["ts"] >= 0
+
+
+def test_start_timeline_without_dynamic_mode_is_a_clear_error():
+    code = ("import hvdcompat as hvd; hvd.init()\n"
+            "try:\n    hvd.start_timeline('/tmp/x.json')\n"
+            "except ValueError as e:\n    print('ERR', e)\n")
+    result = run_ranks(2, [PY, "-c", code], timeout=60)
+    assert result.output.count("ERR Set HOROVOD_TIMELINE=DYNAMIC") == 2
+
+
+def test_exit_without_shutdown_is_clean():
+    code = ("import torch, hvdcompat as hvd; hvd.init(); "
+            "hvd.allreduce(torch.ones(2), name='x'); print('END', hvd.rank())")
+    result = run_ranks(3, [PY, "-c", code], timeout=60)
+    assert result.output.count("END") == 3
+    assert "ERROR" not in result.output and "Traceback" not in result.output
