@@ -20,6 +20,7 @@ DistributedDataParallel in each configuration and prints steps/s on rank 0:
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -36,6 +37,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per configuration")
     p.add_argument("--iters", type=int, default=20, help="timed steps per configuration")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="configurations take turns this many times; the median is reported "
+                        "(evens out load from other jobs)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=1024, help="width of the MLP")
     p.add_argument("--layers", type=int, default=6, help="hidden layers of the MLP")
@@ -64,31 +68,34 @@ def build_model(args):
     return nn.Sequential(*layers)
 
 
-def timed_run(model, args):
-    """Steps per second of `model` (a DDP module) over args.iters steps."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(1000 + dist.get_rank())
-    x = torch.randn(args.batch_size, args.hidden, generator=gen)
-    y = torch.randint(0, 10, (args.batch_size,), generator=gen)
-    loss_fn = nn.CrossEntropyLoss()
+class Trainer:
+    """One configuration: a DDP model, its optimizer and this rank's fixed batch."""
 
-    def step():
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
+    def __init__(self, model, args):
+        self.model = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(1000 + dist.get_rank())
+        self.x = torch.randn(args.batch_size, args.hidden, generator=gen)
+        self.y = torch.randint(0, 10, (args.batch_size,), generator=gen)
+        self.loss_fn = nn.CrossEntropyLoss()
 
-    for _ in range(args.warmup):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(args.iters):
-        step()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
-    # Report the slowest rank: the job runs at its pace.
-    t = torch.tensor([elapsed], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return args.iters / t.item()
+    def step(self):
+        self.opt.zero_grad()
+        self.loss_fn(self.model(self.x), self.y).backward()
+        self.opt.step()
+
+    def steps_per_second(self, warmup, iters):
+        for _ in range(warmup):
+            self.step()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            self.step()
+        dist.barrier()
+        # The slowest rank sets the job's pace.
+        t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return iters / t.item()
 
 
 def main():
@@ -97,31 +104,35 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
 
-    configs = [("gloo", "-", lambda: DDP(build_model(args)))]
+    # (label, make) where make() returns (DDP model, how its gradients travel).
+    configs = [("gloo", lambda: (DDP(build_model(args)), "gloo"))]
     if hvdcompat.ddp.backend_available():
         hv_group = dist.new_group(backend="hvdcompat")
-        configs.append(("hvdcompat backend", "engine",
-                        lambda: DDP(build_model(args), process_group=hv_group)))
+        configs.append(("hvdcompat backend",
+                        lambda: (DDP(build_model(args), process_group=hv_group), "engine")))
     for comp in [c.strip() for c in args.compression.split(",") if c.strip()]:
         def make(comp=comp):
             model = DDP(build_model(args))
-            hooks.register(model, compression=comp)
-            return model
-        configs.append((f"gloo + accelerate ({comp})", None, make))
+            # What `import hvdcompat.ddp.accelerate` installs, with this compression.
+            return model, hooks.register(model, compression=comp).route
+        configs.append((f"gloo + accelerate ({comp})", make))
 
-    results = []
-    for label, route, make in configs:
-        model = make()
-        if route is None:
-            route = model._comm_hooks[0][1].route
-        results.append((label, route, timed_run(model, args)))
-        del model
+    trainers = []
+    for label, make in configs:
+        model, route = make()
+        trainers.append((label, route, Trainer(model, args)))
+    samples = {label: [] for label, _, _ in trainers}
+    for _ in range(args.rounds):
+        for label, _, trainer in trainers:
+            samples[label].append(trainer.steps_per_second(args.warmup, args.iters))
+    results = [(label, route, statistics.median(samples[label])) for label, route, _ in trainers]
 
     if rank == 0:
         params = sum(p.numel() for p in build_model(args).parameters())
         print(f"DDP benchmark: {size} ranks ({launcher()}), MLP {args.layers}x{args.hidden} "
               f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of gradients), "
-              f"batch {args.batch_size}/rank, {args.warmup} warm-up + {args.iters} timed steps")
+              f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
+              f"{args.iters} timed steps per configuration, median shown")
         if not hvdcompat.ddp.backend_available():
             print("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
         base = results[0][2]

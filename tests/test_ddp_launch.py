@@ -81,7 +81,7 @@ def _table_rows(out):
                       out, flags=re.M)
 
 
-SMALL = ["--warmup", "1", "--iters", "2", "--hidden", "64", "--layers", "2"]
+SMALL = ["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"]
 
 
 def test_benchmark_under_mpirun():
