@@ -13,7 +13,6 @@ needs something this rank has not submitted yet.
 import collections
 import threading
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -163,9 +162,3 @@ class EngineWork(dist.Work):
         state = "done" if self._future.done() else "pending"
         return f"EngineWork({self._call}, {state})"
 
-
-def as_tensor_list(value):
-    """DDP expects allreduce futures to hold a list of tensors."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return list(value)

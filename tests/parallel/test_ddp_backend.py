@@ -69,11 +69,11 @@ def test_unsupported_reduce_ops_name_the_call(op):
 
 def test_all_reduce_of_a_non_contiguous_tensor_writes_back():
     r, n = rank_size()
-    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)
-    t = base.t()
+    grid = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    t = (grid * (r + 1)).t()
     assert not t.is_contiguous()
     dist.all_reduce(t)
-    assert torch.equal(t, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (n * (n + 1) / 2))
+    assert torch.equal(t, grid.t() * (n * (n + 1) / 2))
 
 
 def test_async_work_and_future():
