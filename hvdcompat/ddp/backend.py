@@ -21,6 +21,8 @@ before reusing a name, this rank waits for its own earlier op of that name,
 which every rank has already submitted.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
@@ -170,6 +172,23 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
         self._names.track(names, fut)
         return work.EngineWork(fut, call, outputs)
 
+    def _in_place(self, call, tensors, start):
+        """Runs ``start(buffer, name) -> handle`` on each tensor, in place.
+
+        A non-contiguous tensor gets a contiguous stand-in whose result is
+        copied back when the op finishes.
+        """
+        bufs = [_contiguous(t) for t in tensors]
+
+        def finish(results):
+            for t, b in zip(tensors, bufs):
+                if b is not t:
+                    t.copy_(b)
+            return list(tensors)
+
+        starts = [(b, functools.partial(start, b)) for b in bufs]
+        return self._launch(call, starts, finish, list(tensors))
+
     def _global_root(self, root, call):
         if not 0 <= root < self.size():
             raise ValueError(f"torch.distributed.{call} (hvdcompat backend): root rank {root} is "
@@ -188,18 +207,8 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
         op, prescale = _reduce_op(reduce_op, call)
         self._check(call, tensors)
         hvd = _hvd()
-        bufs = [_contiguous(t) for t in tensors]
-        starts = [(b, lambda name, b=b: hvd.allreduce_async_(b, name=name, op=op,
-                                                              prescale_factor=prescale))
-                  for b in bufs]
-
-        def finish(results):
-            for t, b in zip(tensors, bufs):
-                if b is not t:
-                    t.copy_(b)
-            return list(tensors)
-
-        return self._launch(call, starts, finish, list(tensors))
+        return self._in_place(call, tensors, lambda buf, name: hvd.allreduce_async_(
+            buf, name=name, op=op, prescale_factor=prescale))
 
     def reduce(self, tensors, opts=ReduceOptions()):
         call = "reduce"
@@ -278,16 +287,8 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
         self._check(call, tensors)
         root = self._global_root(opts.rootRank, call)
         hvd = _hvd()
-        bufs = [_contiguous(t) for t in tensors]
-        starts = [(b, lambda name, b=b: hvd.broadcast_async_(b, root, name=name)) for b in bufs]
-
-        def finish(results):
-            for t, b in zip(tensors, bufs):
-                if b is not t:
-                    t.copy_(b)
-            return list(tensors)
-
-        return self._launch(call, starts, finish, list(tensors))
+        return self._in_place(call, tensors, lambda buf, name: hvd.broadcast_async_(
+            buf, root, name=name))
 
     def _gather_flat(self, call, inputs, scatter_out):
         """Allgathers each input (flattened); ``scatter_out(i, flat)`` places result i."""
