@@ -13,12 +13,15 @@ returns a ``torch.futures.Future`` holding the averaged bucket. Two routes:
   MPI launcher and DDP's group spans the MPI world in rank order (``mpirun``
   with the bootstrap; any backend: gloo, nccl or hvdcompat).
 * **process_group** — the bucket is reduced by DDP's own process group (gloo,
-  nccl, ...), after hvdcompat's bucket fusion (consecutive buckets are packed
-  into one collective up to ``fusion_threshold`` bytes) and compression.
+  nccl, ...), after hvdcompat's compression and, when ``fusion_threshold`` is
+  set, bucket fusion (consecutive buckets packed into one collective; off by
+  default, as it costs DDP its overlap of backward and communication).
   Chosen otherwise: under ``torchrun`` / ``torch.distributed.launch`` the
   engine's MPI world cannot span the ranks (each process would be an MPI
   singleton; Open MPI cannot connect singletons without a shared runtime
-  server), so the reduction rides on the group DDP already has.
+  server), so the reduction rides on the group DDP already has. Also chosen,
+  in ``auto`` mode, for compressed CPU buckets (Note [Half precision on the
+  engine's CPU path]).
 
 Compression (``fp16``/``bf16``) casts the bucket for the wire after dividing
 by the world size (so the sum cannot overflow in half precision) and casts
