@@ -17,6 +17,8 @@ namespace py = pybind11;
 namespace hvdcompat {
 
 void RegisterTestingBindings(py::module_& m);
+class Runtime;
+void RegisterGpuBindings(py::module_& m, py::module_& testing, Runtime& (*runtime)());
 
 namespace {
 
@@ -48,9 +50,12 @@ Runtime& Rt() {
   return *rt;
 }
 
-BufferDesc ToBuffer(const py::handle& t) {
-  // (data_ptr, dtype code, shape, device)
+BufferDesc ToBuffer(const py::handle& t, void** stream = nullptr) {
+  // (data_ptr, dtype code, shape, device[, producer cudaStream_t])
   auto tup = t.cast<py::tuple>();
+  if (stream && tup.size() > 4 && !tup[4].is_none()) {
+    *stream = reinterpret_cast<void*>(tup[4].cast<uintptr_t>());
+  }
   BufferDesc b;
   b.data = reinterpret_cast<void*>(tup[0].cast<uintptr_t>());
   int code = tup[1].cast<int>();
@@ -119,7 +124,7 @@ int Enqueue(int op, std::string name, bool auto_named, int process_set, int redu
   a.prescale = prescale;
   a.postscale = postscale;
   a.inputs.reserve(inputs.size());
-  for (const auto& t : inputs) a.inputs.push_back(ToBuffer(t));
+  for (const auto& t : inputs) a.inputs.push_back(ToBuffer(t, a.inputs.empty() ? &a.stream : nullptr));
   a.outputs.reserve(outputs.size());
   for (const auto& t : outputs) a.outputs.push_back(ToBuffer(t));
   a.splits = std::move(splits);
@@ -128,12 +133,24 @@ int Enqueue(int op, std::string name, bool auto_named, int process_set, int redu
   return rt->Enqueue(std::move(a));
 }
 
-py::tuple Wait(int handle) {
+// `stream`: for device ops, the caller's current cudaStream_t, ordered after
+// the op's device work (Note [GPU stream order], cpp/gpu/gpu_events.h).
+py::tuple Wait(int handle, py::object stream) {
   std::shared_ptr<Runtime> rt = RtShared();
   HandleResult r;
+  const bool has_stream = !stream.is_none();
+  const uintptr_t consumer = has_stream ? stream.cast<uintptr_t>() : 0;
   {
     py::gil_scoped_release release;
     r = rt->handles().Wait(handle);
+    if (r.device_done) {
+      Status s;
+      // Without a stream to order, only the host wait makes outputs safe.
+      if (!rt->config().async_completion || !has_stream) s = r.device_done->Wait();
+      if (s.ok() && has_stream) s = r.device_done->MakeStreamWait(consumer, &r.outputs);
+      if (!s.ok() && r.status.ok()) r.status = s;
+      r.device_done.reset();
+    }
   }
   py::list outs;
   for (auto& b : r.outputs) outs.append(py::reinterpret_steal<py::object>(ToDLPackCapsule(std::move(b))));
@@ -168,6 +185,10 @@ py::dict ConfigDict() {
   d["timeline"] = c.timeline_path;
   d["fusion_chunk_bytes"] = c.fusion_chunk_bytes;
   d["inplace_min_bytes"] = c.inplace_min_bytes;
+  d["num_nccl_streams"] = c.num_nccl_streams;
+  d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["gpu_operations"] = c.gpu_operations_mpi ? "MPI" : "NCCL";
+  d["async_completion"] = c.async_completion;
   return d;
 }
 
@@ -240,7 +261,7 @@ PYBIND11_MODULE(_core, m) {
     rt.StopTimeline();
   });
   m.def("poll", [](int h) { return Rt().handles().Poll(h); });
-  m.def("wait", &Wait);
+  m.def("wait", &Wait, py::arg("handle"), py::arg("stream") = py::none());
   m.def("add_process_set", [](std::vector<int> ranks) {
     Runtime& rt = Rt();
     py::gil_scoped_release release;
@@ -291,4 +312,5 @@ PYBIND11_MODULE(_core, m) {
 
   py::module_ testing = m.def_submodule("testing", "Hooks for unit tests of the core logic");
   RegisterTestingBindings(testing);
+  RegisterGpuBindings(m, testing, &Rt);
 }

@@ -177,8 +177,7 @@ Response Coordinator::Validate(const std::string& name, const Row& row) const {
   if (differ([](const Request& a, const Request& b) { return a.device == b.device; })) {
     return fail("device",
                 values([](const Request& q) {
-                  return q.device == kCpuDevice ? std::string("cpu")
-                                                : "cuda:" + std::to_string(q.device);
+                  return std::string(q.device == kCpuDevice ? "cpu" : "cuda");
                 }),
                 "Place the tensor on the same kind of device on every rank.");
   }

@@ -14,11 +14,16 @@ struct Holder {
   DLManagedTensor managed;
   std::vector<int64_t> shape;
   void* data;
+  OwnedBuffer::Deleter free_data;  // empty: std::free (host memory)
 };
 
 void Deleter(DLManagedTensor* self) {
   Holder* h = static_cast<Holder*>(self->manager_ctx);
-  std::free(h->data);
+  if (h->free_data) {
+    h->free_data(h->data);
+  } else {
+    std::free(h->data);
+  }
   delete h;
 }
 
@@ -52,13 +57,16 @@ PyObject* ToDLPackCapsule(OwnedBuffer buffer) {
   auto* h = new Holder();
   h->shape = buffer.desc().shape;
   DLTensor& t = h->managed.dl_tensor;
-  t.device = {kDLCPU, 0};
+  const int device = buffer.desc().device;
+  t.device = device == kCpuDevice ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, device};
   t.ndim = static_cast<int32_t>(h->shape.size());
   t.dtype = ToDL(buffer.desc().dtype);
   t.shape = h->shape.data();
   t.strides = nullptr;
   t.byte_offset = 0;
-  h->data = buffer.Release();
+  auto released = buffer.ReleaseWithDeleter();
+  h->data = released.first;
+  h->free_data = std::move(released.second);
   t.data = h->data;
   h->managed.manager_ctx = h;
   h->managed.deleter = &Deleter;

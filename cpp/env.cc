@@ -1,5 +1,7 @@
 #include "env.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -45,6 +47,14 @@ const std::vector<KnobSpec>& AllKnobs() {
        "While waiting for peers, busy-poll this long before sleeping."},
       {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
        "Longest sleep between polls while waiting for peers."},
+      {Knob::kEnableAsyncCompletion, "ENABLE_ASYNC_COMPLETION", true, "0", "bool",
+       "GPU ops: synchronize() makes the current CUDA stream wait instead of blocking the host."},
+      {Knob::kNcclLib, "NCCL_LIB", false, "", "path",
+       "libnccl to load (default: torch's copy, the nvidia-nccl wheel, then the system's)."},
+      {Knob::kCudartLib, "CUDART_LIB", false, "", "path",
+       "libcudart to load (default: torch's copy, the nvidia-cuda-runtime wheel, the system's)."},
+      {Knob::kHierarchicalLocalSize, "HIERARCHICAL_LOCAL_SIZE", false, "0", "ranks",
+       "Ranks per node for the hierarchical allreduce split (0: ranks sharing memory)."},
   };
   return knobs;
 }
@@ -135,6 +145,19 @@ Config Config::FromEnvironment() {
   c.inplace_min_bytes = KnobInt(Knob::kInPlaceMinBytes);
   c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
+  c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));
+  c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
+  c.hierarchical_local_size = KnobInt(Knob::kHierarchicalLocalSize);
+  c.async_completion = KnobBool(Knob::kEnableAsyncCompletion);
+  std::string source;
+  std::string ops = KnobString(Knob::kGpuOperations, &source);
+  for (auto& ch : ops) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (ops.empty()) ops = "NCCL";
+  if (ops != "NCCL" && ops != "MPI") {
+    throw InvalidArgument(source + "=" + ops + " is not valid: expected NCCL or MPI (" +
+                          SpecOf(Knob::kGpuOperations).help + ")");
+  }
+  c.gpu_operations_mpi = ops == "MPI";
   return c;
 }
 

@@ -36,7 +36,14 @@ bool HandleTable::Poll(int handle) const {
   auto s = Find(handle);
   if (!s) throw InvalidArgument("poll: handle " + std::to_string(handle) +
                                 " is unknown (never created, or already synchronized)");
-  return s->done.load(std::memory_order_acquire);
+  if (!s->done.load(std::memory_order_acquire)) return false;
+  // Device ops are done once their device work is (or failed).
+  std::shared_ptr<DeviceCompletion> device_done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_done = s->result.device_done;
+  }
+  return !device_done || device_done->Done();
 }
 
 HandleResult HandleTable::Wait(int handle) {
@@ -49,12 +56,15 @@ HandleResult HandleTable::Wait(int handle) {
          std::chrono::steady_clock::now() < spin_until) {
     sched_yield();
   }
+  HandleResult result;
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return s->done.load(std::memory_order_acquire); });
     states_.erase(handle);
+    // Under the lock: Poll may be reading the result's device completion.
+    result = std::move(s->result);
   }
-  return std::move(s->result);
+  return result;
 }
 
 void HandleTable::Discard(int handle) {

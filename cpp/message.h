@@ -20,7 +20,7 @@ struct Request {
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce_op = ReduceOp::kSum;
   int32_t root = -1;  // process-set rank of the broadcast root
-  int32_t device = kCpuDevice;
+  int32_t device = kCpuDevice;  // kCpuDevice, or 0 for CUDA (whatever this rank's index)
   double prescale = 1.0;
   double postscale = 1.0;
   std::string name;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fusion.h"
+#include "gpu/gpu_backends.h"
 #include "logging.h"
 #include "ops/mpi_ops.h"
 
@@ -38,7 +39,8 @@ std::string Upper(const char* s) {
 
 ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks,
                                    const Config& config, HandleTable* handles,
-                                   const MpiOps* mpi_ops, EngineStats* stats, Timeline* timeline)
+                                   const MpiOps* mpi_ops, EngineStats* stats, Timeline* timeline,
+                                   GpuContext* gpu)
     : id_(id),
       comm_(comm),
       global_ranks_(std::move(global_ranks)),
@@ -56,6 +58,7 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
              config.stall_check_seconds > 0 ? config.stall_check_seconds
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_.rank();
+  AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
   for (auto& b : backends_) b->set_activity(&timeline_sink_);
   // While waiting for peers, keep stall reports flowing (runs on this thread).

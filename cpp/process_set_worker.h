@@ -24,6 +24,7 @@
 #include "controller.h"
 #include "engine_stats.h"
 #include "env.h"
+#include "gpu/gpu_context.h"
 #include "handle_table.h"
 #include "mpi_transport.h"
 #include "ops/backend.h"
@@ -36,10 +37,11 @@ namespace hvdcompat {
 class ProcessSetWorker {
  public:
   // Takes ownership of `comm` (freed when the worker is destroyed).
-  // `timeline` (may be inactive) and `stats` must outlive the worker.
+  // `timeline` (may be inactive), `stats` and `gpu` (may be null: host
+  // buffers only) must outlive the worker.
   ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks, const Config& config,
                    HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats,
-                   Timeline* timeline);
+                   Timeline* timeline, GpuContext* gpu = nullptr);
   ~ProcessSetWorker();
   ProcessSetWorker(const ProcessSetWorker&) = delete;
   ProcessSetWorker& operator=(const ProcessSetWorker&) = delete;

@@ -38,12 +38,13 @@ Runtime::Runtime(const InitOptions& options)
   if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }
+  gpu_ = std::make_unique<GpuContext>(config_, mpi_->local_rank());
   std::vector<int> all(mpi_->size());
   for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
   std::lock_guard<std::mutex> lock(sets_mu_);
   set_ranks_[0] = all;
   workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
-                                                   &mpi_->ops(), &stats_, &timeline_);
+                                                   &mpi_->ops(), &stats_, &timeline_, gpu_.get());
   for (const auto& ranks : options.process_sets) RegisterLocked(ranks);
 }
 
@@ -153,6 +154,21 @@ int Runtime::Enqueue(EnqueueArgs args) {
       }
     }
   }
+  for (const auto& b : args.outputs) {
+    if (b.device != q.device) {
+      throw InvalidArgument(OpLabel(args.op) + " '" + q.name + "': outputs must be on the inputs' "
+                            "device (found " + std::to_string(q.device) + " and " +
+                            std::to_string(b.device) + ")");
+    }
+  }
+  if (q.device != kCpuDevice) {
+    entry->ready = gpu_->PrepareEnqueue(std::string(OpTypeName(args.op)) + " '" + q.name + "'",
+                                        q.device, args.stream);
+    // Ranks negotiate the kind of device, not its index: each rank drives its
+    // own GPU (its index stays in the buffers), and a cached response must
+    // serve every rank.
+    q.device = 0;
+  }
   entry->inputs = std::move(args.inputs);
   entry->outputs = std::move(args.outputs);
   entry->splits = std::move(args.splits);
@@ -213,7 +229,7 @@ int Runtime::RegisterLocked(std::vector<int> ranks) {
   if (set_comm != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(set_comm, MPI_ERRORS_RETURN);
     workers_[id] = std::make_shared<ProcessSetWorker>(id, set_comm, ranks, config_, &handles_,
-                                                      &mpi_->ops(), &stats_, &timeline_);
+                                                      &mpi_->ops(), &stats_, &timeline_, gpu_.get());
   }
   return id;
 }

@@ -16,6 +16,7 @@
 
 #include "engine_stats.h"
 #include "env.h"
+#include "gpu/gpu_context.h"
 #include "handle_table.h"
 #include "mpi_context.h"
 #include "process_set_worker.h"
@@ -43,6 +44,7 @@ struct EnqueueArgs {
   std::vector<BufferDesc> inputs;
   std::vector<BufferDesc> outputs;
   std::vector<std::vector<int64_t>> splits;
+  void* stream = nullptr;  // CUDA inputs: their producer's stream (a cudaStream_t)
 };
 
 struct ProcessSetInfo {
@@ -67,6 +69,7 @@ class Runtime {
   const Config& config() const { return config_; }
   HandleTable& handles() { return handles_; }
   EngineStats& stats() { return stats_; }
+  GpuContext& gpu() { return *gpu_; }
   bool dynamic_process_sets() const { return dynamic_; }
 
   // Timeline written by rank 0 (other ranks record nothing). StartTimeline
@@ -94,6 +97,7 @@ class Runtime {
   EngineStats stats_;
   Timeline timeline_;  // outlives the workers (declared before them)
   bool dynamic_;
+  std::unique_ptr<GpuContext> gpu_;  // outlives the workers that use it
 
   mutable std::mutex sets_mu_;
   bool stopped_ = false;  // guarded by sets_mu_

@@ -1,16 +1,121 @@
-"""Whether CUDA tensors can run through hvdcompat on this machine.
+"""Whether CUDA tensors can run through hvdcompat on this machine, and how.
 
-This build's core runs host (CPU) tensors only; both queries answer for it.
+The core loads the CUDA runtime and NCCL with ``dlopen`` the first time they
+are asked for (nothing at import). This module hands it the places PyTorch's
+CUDA wheels install them (``site-packages/nvidia/{cuda_runtime,nccl}/lib``,
+``torch/lib``) before that first load; ``HVDCOMPAT_CUDART_LIB`` /
+``HVDCOMPAT_NCCL_LIB`` override the search, and a copy ``import torch``
+already loaded is preferred over all of these.
 """
 
-__all__ = ["nccl_version", "cuda_available"]
+import glob
+import importlib.util
+import os
+import threading
+
+from hvdcompat.basics import _core, _on_init, _on_shutdown
+
+__all__ = ["nccl_version", "cuda_available", "unavailable_reason", "library_info",
+           "current_stream"]
+
+_lock = threading.Lock()
+_paths_given = [False]
+_reasons = {}  # HOROVOD_GPU_OPERATIONS=MPI? -> reason
+_running = [None]  # the running engine's answer
+
+
+def _package_dirs(name):
+    """Directories of an installed (namespace) package, without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    return list(spec.submodule_search_locations or [])
+
+
+def _candidates(component, pattern):
+    found = []
+    for d in _package_dirs("nvidia." + component):
+        found += sorted(glob.glob(os.path.join(d, "lib", pattern)), reverse=True)
+    for d in _package_dirs("torch"):
+        found += sorted(glob.glob(os.path.join(d, "lib", pattern)), reverse=True)
+    return found
+
+
+def _give_search_paths():
+    with _lock:
+        if _paths_given[0]:
+            return
+        # Older torch wheels bundle copies under hashed names (libcudart-<hash>.so.11.0).
+        _core.set_gpu_search_paths(_candidates("cuda_runtime", "libcudart*.so*"),
+                                   _candidates("nccl", "libnccl*.so*"))
+        _paths_given[0] = True
+
+
+def library_info():
+    """What the core found: paths, versions and, for a missing library, why.
+
+    Returns:
+        dict with ``cuda_loaded``, ``cuda_path``, ``cuda_runtime_version``,
+        ``cuda_error``, ``nccl_loaded``, ``nccl_path``, ``nccl_version``,
+        ``nccl_version_string`` and ``nccl_error``.
+    """
+    _give_search_paths()
+    return _core.gpu_info()
 
 
 def nccl_version():
-    """NCCL version code the core can use, or 0."""
-    return 0
+    """NCCL version code the core loaded (e.g. 21805 for 2.18.5), or 0."""
+    return library_info()["nccl_version"]
+
+
+def _gpu_operations_mpi():
+    if _core.is_initialized():
+        return _core.config()["gpu_operations"] == "MPI"
+    for var in ("HVDCOMPAT_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS"):
+        value = os.environ.get(var)
+        if value is not None:
+            return value.strip().upper() == "MPI"
+    return False
+
+
+def unavailable_reason():
+    """Why CUDA tensors cannot run here ('' when they can).
+
+    NCCL is needed unless ``HOROVOD_GPU_OPERATIONS=MPI``; the CUDA runtime and
+    a visible device always are. While initialised, the answer is cached
+    (every op on a CUDA tensor asks).
+    """
+    if _running[0] is not None:
+        return _running[0]
+    _give_search_paths()
+    mpi = _gpu_operations_mpi()
+    reason = _reasons.get(mpi)
+    if reason is None:
+        reason = _core.gpu_unavailable_reason(mpi)
+        _reasons[mpi] = reason
+    if _core.is_initialized():
+        _running[0] = reason
+    return reason
+
+
+def _forget_running():
+    _running[0] = None
+
+
+_on_init.append(_forget_running)
+_on_shutdown.append(_forget_running)
 
 
 def cuda_available():
-    """Whether the core can run collectives on CUDA tensors."""
-    return False
+    """Whether the core can run collectives on CUDA tensors on this machine."""
+    return not unavailable_reason()
+
+
+def current_stream(device):
+    """The raw handle of torch's current CUDA stream on `device` (an index)."""
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream

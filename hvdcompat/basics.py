@@ -258,14 +258,23 @@ def gloo_built():
 
 
 def nccl_built():
-    """NCCL version code (e.g. 21805) when the GPU data plane can load NCCL, else 0."""
+    """NCCL version code (e.g. 21805 for 2.18.5) of the NCCL the core loaded, else 0.
+
+    hvdcompat has no build-time GPU switch: NCCL is loaded at run time (from
+    PyTorch's CUDA wheels, or ``HVDCOMPAT_NCCL_LIB``), so this answers for
+    this machine.
+    """
     from hvdcompat import _gpu
 
     return _gpu.nccl_version()
 
 
 def cuda_built():
-    """Whether CUDA tensors can run through hvdcompat on this machine."""
+    """Whether CUDA tensors can run through hvdcompat on this machine.
+
+    True when the CUDA runtime loads, a device is visible and NCCL loads (or,
+    with ``HOROVOD_GPU_OPERATIONS=MPI``, without NCCL).
+    """
     from hvdcompat import _gpu
 
     return _gpu.cuda_available()

@@ -75,21 +75,12 @@ def test_accelerate_with_fp16_under_torch_distributed_launch_use_env():
 
 
 def _table_rows(out):
-    # mpirun tags each line with "[job,rank]<stdout>: ".
-    return re.findall(r"^(?:\[\d+,\d+\]<stdout>: )?"
-                      r"(gloo|hvdcompat backend|gloo \+ accelerate \(\w+\))\s+(\S+)\s+([\d.]+)",
+    return re.findall(r"^(gloo|hvdcompat backend|gloo \+ accelerate \(\w+\))\s+(\S+)\s+([\d.]+)",
                       out, flags=re.M)
 
 
+# The benchmark under hvdcompatrun (mpirun) runs in tests/test_examples.py.
 SMALL = ["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"]
-
-
-def test_benchmark_under_mpirun():
-    out = run_ranks(2, [sys.executable, BENCHMARK, *SMALL], timeout=TIMEOUT).output
-    rows = _table_rows(out)
-    assert [r[0] for r in rows] == ["gloo", "hvdcompat backend", "gloo + accelerate (none)",
-                                    "gloo + accelerate (fp16)"], out
-    assert all(float(r[2]) > 0 for r in rows), out
 
 
 def test_benchmark_under_torch_distributed_launch_as_documented():

@@ -10,6 +10,8 @@ from hvdcompat.ops.grouped import *  # noqa: F401,F403
 from hvdcompat.ops.grouped import __all__ as _grouped_all
 from hvdcompat.ops.handles import *  # noqa: F401,F403
 from hvdcompat.ops.handles import __all__ as _handles_all
+from hvdcompat.ops.sparse import *  # noqa: F401,F403
+from hvdcompat.ops.sparse import __all__ as _sparse_all
 
 __all__ = (list(_autograd_all) + list(_collectives_all) + list(_compression_all)
-           + list(_grouped_all) + list(_handles_all))
+           + list(_grouped_all) + list(_handles_all) + list(_sparse_all))

@@ -2,6 +2,7 @@
 
 import torch
 
+from hvdcompat import _gpu
 from hvdcompat.basics import _core
 
 __all__ = []
@@ -50,13 +51,13 @@ def device_of(tensor, op, name=None):
     if dev.type == "cpu":
         return -1
     if dev.type == "cuda":
-        from hvdcompat import _gpu
-
-        if not _gpu.cuda_available():
+        reason = _gpu.unavailable_reason()
+        if reason:
             raise ValueError(
-                f"{_label(op, name)}{_where()}: got a CUDA tensor ({dev}), but this hvdcompat "
-                "cannot run collectives on CUDA tensors here (no NCCL/CUDA runtime found). Move "
-                "the tensor to the CPU, or install a CUDA build of PyTorch with NCCL.")
+                f"{_label(op, name)}{_where()}: got a CUDA tensor ({dev}), but hvdcompat cannot "
+                f"run collectives on CUDA tensors on this machine: {reason}\nMove the tensor to "
+                "the CPU, or fix the installation as described above.")
+        # The core checks the index against this rank's GPU (bound by its first CUDA op).
         return dev.index if dev.index is not None else torch.cuda.current_device()
     raise ValueError(f"{_label(op, name)}{_where()}: tensors on device type '{dev.type}' are not "
                      "supported; use CPU or CUDA tensors.")
@@ -78,8 +79,14 @@ def check_tensor(tensor, op, name=None):
 
 
 def describe(tensor, code, device):
-    """The (pointer, dtype code, shape, device) tuple the core reads."""
-    return (tensor.data_ptr(), code, tuple(tensor.shape), device)
+    """The tuple the core reads: (pointer, dtype code, shape, device[, stream]).
+
+    CUDA tensors carry the producer's stream, torch's current stream on their
+    device: the core waits on it (through an event) before reading.
+    """
+    if device < 0:
+        return (tensor.data_ptr(), code, tuple(tensor.shape), device)
+    return (tensor.data_ptr(), code, tuple(tensor.shape), device, _gpu.current_stream(device))
 
 
 def empty_like_contiguous(tensor, shape=None):

@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from hvdcompat import _gpu
 from hvdcompat.basics import Adasum, Average, Max, Min, Product, Sum, _core
 from hvdcompat.ops import _tensor
 from hvdcompat.ops.handles import _enqueue, synchronize
@@ -312,12 +313,15 @@ def join(device=-1):
     size); other collectives fail while any rank is joined.
 
     Args:
-        device: accepted for compatibility; joined ranks contribute on the
-            device of the tensors being reduced.
+        device: the CUDA device index on which this rank contributes to GPU
+            allreduces after joining (default -1: the device of its first
+            GPU collective, or cuda:<local_rank> when it ran none).
 
     Returns:
         The global rank that joined last (the same on every rank).
     """
+    if device is not None and int(device) >= 0 and _gpu.cuda_available():
+        _core.bind_cuda_device(int(device))
     name = f"{_join_count[0]}"
     handle = _enqueue("join", "join", name, 0, [], [], lambda o, s, j: j, ())
     _join_count[0] += 1

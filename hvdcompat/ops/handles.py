@@ -1,5 +1,6 @@
 """Handles of asynchronous ops: enqueue, poll, synchronize, and op naming."""
 
+from hvdcompat import _gpu
 from hvdcompat.basics import _NOT_INITIALIZED, _core, _on_init, _on_shutdown
 from hvdcompat.exceptions import HorovodInternalError
 
@@ -15,11 +16,12 @@ _noname_counts = {}
 
 
 class _Pending:
-    __slots__ = ("keep", "finish")
+    __slots__ = ("keep", "finish", "device")
 
-    def __init__(self, keep, finish):
+    def __init__(self, keep, finish, device):
         self.keep = keep
         self.finish = finish
+        self.device = device  # CUDA device index of the op's tensors, -1 for host
 
 
 def _reset():
@@ -52,7 +54,7 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish)
+    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
     return handle
 
 
@@ -76,6 +78,10 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the op behind `handle` and returns its output.
 
+    For CUDA tensors the host waits until the device work is done (unless
+    ``HOROVOD_ENABLE_ASYNC_COMPLETION=1``), and torch's current stream is
+    ordered after it either way, so the output can be used at once.
+
     Returns None for handles that are unknown (already synchronized, or from
     before the last init/shutdown).
 
@@ -87,8 +93,11 @@ def synchronize(handle):
     pending = _handle_map.get(handle)
     if pending is None:
         return None
+    # A CUDA op's outputs are ordered before later work on the caller's
+    # current stream (and core-allocated outputs are freed in its order).
+    stream = _gpu.current_stream(pending.device) if pending.device >= 0 else None
     try:
-        code, message, outs, splits, join_rank = _core.wait(handle)
+        code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         _handle_map.pop(handle, None)
     if code != _STATUS["ok"]:

@@ -1,0 +1,40 @@
+// CUDA buffers through host memory: inputs are copied to page-locked host
+// memory on the engine's stream (after the producer's event), the host
+// backend (MPI) runs on the copies, and results are copied back. Used for
+// HOROVOD_GPU_OPERATIONS=MPI, where several ranks may share one GPU because
+// no NCCL communicator is created, and by the NCCL backend for what NCCL
+// cannot reduce. The worker waits for this stream (never the whole device):
+// host memory must be complete before MPI reads it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "gpu/device_memory.h"
+#include "gpu/gpu_context.h"
+#include "ops/backend.h"
+
+namespace hvdcompat {
+
+class StagedGpuBackend : public CollectiveBackend {
+ public:
+  // `host` runs the collective on host copies (owned here).
+  StagedGpuBackend(std::unique_ptr<CollectiveBackend> host, GpuContext* gpu);
+  ~StagedGpuBackend() override;
+
+  const char* name() const override { return "MPI (staged through host memory)"; }
+  bool CanExecute(const Response& r) const override { return r.device != kCpuDevice; }
+  void Execute(const Response& r, std::vector<ExecUnit>& units) override;
+
+ private:
+  void Setup();
+
+  std::unique_ptr<CollectiveBackend> host_;
+  GpuContext* gpu_;
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<EventPool> events_;
+  PinnedScratch pinned_;
+};
+
+}  // namespace hvdcompat

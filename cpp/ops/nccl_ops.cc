@@ -1,0 +1,394 @@
+#include "ops/nccl_ops.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "cpu_kernels.h"
+#include "gpu/gpu_check.h"
+#include "gpu/nccl_reduce.h"
+#include "logging.h"
+#include "mpi_util.h"
+
+namespace hvdcompat {
+
+namespace {
+
+int64_t ElementsOf(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string Describe(const Response& r) {
+  std::string s = std::string(OpTypeName(r.op)) + " of '" + r.units[0].name + "'";
+  if (r.units.size() > 1) s += " and " + std::to_string(r.units.size() - 1) + " more (fused)";
+  return s;
+}
+
+struct PeerInfo {
+  int32_t version;
+  int32_t device;
+  char host[64];
+  char bus[32];
+};
+
+}  // namespace
+
+NcclBackend::NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
+                         std::unique_ptr<CollectiveBackend> fallback)
+    : comm_(comm), config_(config), gpu_(gpu), fallback_(std::move(fallback)) {
+  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+}
+
+NcclBackend::~NcclBackend() {
+  if (!lanes_.empty()) {
+    // Work still on the device refers to the fusion buffers: let it finish
+    // (or fail, which aborts its communicator) before freeing anything.
+    try {
+      DeviceGuard guard(device_);
+      for (auto& lane : lanes_) {
+        if (!lane->stream) continue;
+        try {
+          DrainStream(events_, lane->stream, lane->sources, "NCCL lane shutdown");
+        } catch (const std::exception& e) {
+          HVD_LOG(kWarning) << "GPU work still in flight at shutdown failed: " << e.what();
+        }
+      }
+      for (auto& lane : lanes_) {
+        lane->comm.reset();
+        lane->local.reset();
+        lane->cross.reset();
+        lane->sources.clear();
+        if (lane->stream) Cuda().StreamDestroy(lane->stream);
+      }
+      lanes_.clear();
+    } catch (const std::exception& e) {
+      HVD_LOG(kWarning) << "releasing the NCCL backend failed: " << e.what();
+    }
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    if (local_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&local_mpi_);
+    if (cross_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&cross_mpi_);
+  }
+}
+
+void NcclBackend::Setup() {
+  const NcclApi& nccl = Nccl();
+  device_ = gpu_->Device();
+  events_ = gpu_->Events();
+  DeviceGuard guard(device_);
+
+  PeerInfo me{};
+  me.version = nccl.version;
+  me.device = device_;
+  gethostname(me.host, sizeof(me.host) - 1);
+  HVD_CUDA_CHECK(Cuda().DeviceGetPCIBusId(me.bus, static_cast<int>(sizeof(me.bus)) - 1, device_));
+  std::vector<PeerInfo> peers(size_);
+  HVD_MPI_CHECK(comm_, MPI_Allgather(&me, sizeof(PeerInfo), MPI_BYTE, peers.data(),
+                                     sizeof(PeerInfo), MPI_BYTE, comm_));
+  version_ = me.version;
+  std::map<std::string, int> owner;
+  std::ostringstream dup;
+  for (int r = 0; r < size_; ++r) {
+    version_ = std::min(version_, static_cast<int>(peers[r].version));
+    std::string key = std::string(peers[r].host) + "|" + peers[r].bus;
+    auto it = owner.find(key);
+    if (it == owner.end()) {
+      owner[key] = r;
+    } else if (dup.tellp() == 0) {
+      dup << "ranks " << it->second << " and " << r << " of this process set both use the GPU "
+          << peers[r].bus << " (cuda:" << peers[r].device << ") on host " << peers[r].host;
+    }
+  }
+  if (dup.tellp() != 0) {
+    throw InvalidArgument(
+        "GPU collectives over NCCL need one GPU per rank, but " + dup.str() +
+        ". Expected each rank on its own device, cuda:<hvd.local_rank()>: call "
+        "torch.cuda.set_device(hvd.local_rank()) before creating tensors. To share GPUs "
+        "between ranks, set HOROVOD_GPU_OPERATIONS=MPI (collectives then go through host "
+        "memory).");
+  }
+  has_premul_ = version_ >= kNcclVersionPreMulSum && nccl.RedOpCreatePreMulSum && nccl.RedOpDestroy;
+
+  try {
+    for (int64_t i = 0; i < config_.num_nccl_streams; ++i) {
+      lanes_.push_back(std::make_unique<Lane>());
+      Lane& lane = *lanes_.back();
+      lane.stream = CreateEngineStream();
+      lane.comm = std::make_shared<NcclComm>(
+          comm_, device_, "NCCL communicator " + std::to_string(i) + " of this process set");
+      lane.sources.push_back(lane.comm);
+    }
+    if (config_.hierarchical_allreduce) SetupHierarchy();
+  } catch (...) {
+    for (auto& lane : lanes_) {
+      lane->sources.clear();
+      lane->comm.reset();
+      lane->local.reset();
+      lane->cross.reset();
+      if (lane->stream) Cuda().StreamDestroy(lane->stream);
+    }
+    lanes_.clear();
+    throw;
+  }
+  HVD_LOG(kDebug) << "NCCL " << NcclVersionString(version_) << " on cuda:" << device_ << ", "
+                  << lanes_.size() << " lane(s)" << (hierarchical_ ? ", hierarchical" : "");
+  ready_ = true;
+}
+
+void NcclBackend::SetupHierarchy() {
+  const int per_node = static_cast<int>(config_.hierarchical_local_size);
+  if (local_mpi_ == MPI_COMM_NULL) {
+    if (per_node > 0) {
+      HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, rank_ / per_node, rank_, &local_mpi_));
+    } else {
+      HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_,
+                                               MPI_INFO_NULL, &local_mpi_));
+    }
+    HVD_MPI_CHECK(local_mpi_, MPI_Comm_rank(local_mpi_, &local_rank_));
+    HVD_MPI_CHECK(local_mpi_, MPI_Comm_size(local_mpi_, &local_size_));
+    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_mpi_));
+    HVD_MPI_CHECK(cross_mpi_, MPI_Comm_size(cross_mpi_, &cross_size_));
+  }
+  int sizes[2] = {local_size_, -local_size_};
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
+  const bool homogeneous = sizes[0] == -sizes[1];
+  hierarchical_ = homogeneous && local_size_ > 1 && cross_size_ > 1;
+  if (!hierarchical_) {
+    HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLREDUCE: using the flat allreduce ("
+                   << (homogeneous ? "one node, or one rank per node"
+                                   : "nodes run different numbers of ranks")
+                   << ")";
+    return;
+  }
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = *lanes_[i];
+    lane.local = std::make_shared<NcclComm>(local_mpi_, device_,
+                                            "node-local NCCL communicator " + std::to_string(i));
+    lane.cross = std::make_shared<NcclComm>(cross_mpi_, device_,
+                                            "cross-node NCCL communicator " + std::to_string(i));
+    lane.sources.push_back(lane.local);
+    lane.sources.push_back(lane.cross);
+  }
+}
+
+NcclReducePlan NcclBackend::Plan(const Response& r, bool hierarchical) const {
+  return PlanNcclReduction(r, size_, version_, has_premul_, hierarchical);
+}
+
+bool NcclBackend::Supports(const Response& r) const {
+  switch (r.op) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      return Plan(r, false).supported;
+    case OpType::kAllgather:
+    case OpType::kBroadcast:
+    case OpType::kAlltoall:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void NcclBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
+  if (!ready_) Setup();
+  if (!Supports(r)) {
+    fallback_->Execute(r, units);
+    return;
+  }
+  DeviceGuard guard(device_);
+  Lane& lane = *lanes_[next_lane_ % lanes_.size()];
+  ++next_lane_;
+  for (auto& u : units) {
+    if (u.entry && u.entry->ready) u.entry->ready->MakeStreamWait(lane.stream);
+  }
+  switch (r.op) {
+    case OpType::kAllreduce: Allreduce(r, units, lane); break;
+    case OpType::kBroadcast: Broadcast(r, units, lane); break;
+    case OpType::kAllgather: Allgather(r, units, lane); break;
+    case OpType::kAlltoall: Alltoall(r, units, lane); break;
+    case OpType::kReducescatter: Reducescatter(r, units, lane); break;
+    default: HVD_ENFORCE(false, "NCCL backend asked to run " << OpTypeName(r.op));
+  }
+  auto done = RecordCompletion(events_, lane.stream, Describe(r), lane.sources);
+  for (auto& u : units) {
+    if (u.entry) u.entry->result.device_done = done;
+  }
+}
+
+void NcclBackend::CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane) {
+  if (bytes == 0 || dst == src) return;
+  HVD_CUDA_CHECK(
+      Cuda().MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lane.stream));
+}
+
+void NcclBackend::JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane) {
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
+  if (bytes == 0) return;
+  const CudaApi& cuda = Cuda();
+  if (r.reduce_op == ReduceOp::kSum || r.reduce_op == ReduceOp::kAverage) {
+    HVD_CUDA_CHECK(cuda.MemsetAsync(dst, 0, bytes, lane.stream));
+    return;
+  }
+  // Rare (a joined rank under Min/Max/Product): fill on the host and wait
+  // for the copy, so the page-locked buffer is free again afterwards.
+  char* host = lane.host.Reserve(bytes);
+  FillIdentity(host, count, r.dtype, r.reduce_op);
+  HVD_CUDA_CHECK(cuda.MemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, lane.stream));
+  HVD_CUDA_CHECK(cuda.StreamSynchronize(lane.stream));
+}
+
+void NcclBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  const size_t esize = DataTypeSize(r.dtype);
+  ncclDataType_t type;
+  HVD_ENFORCE(NcclReduceType(r.dtype, version_, &type), "no NCCL type");
+  struct Piece {
+    const char* in;  // null: a joined rank's identity values
+    char* out;
+    int64_t count;
+  };
+  std::vector<Piece> pieces;
+  int64_t total = 0;
+  bool joined = false;
+  for (auto& u : units) {
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      int64_t count = ElementsOf(u.unit->shapes[t]);
+      if (u.entry) {
+        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
+                          static_cast<char*>(u.entry->outputs[t].data), count});
+      } else {
+        pieces.push_back({nullptr, nullptr, count});
+        joined = true;
+      }
+      total += count;
+    }
+  }
+  if (total == 0) return;
+  const NcclReducePlan hplan = Plan(r, true);
+  const bool hier = hierarchical_ && hplan.supported;
+  const NcclReducePlan plan = hier ? hplan : Plan(r, false);
+  if (!hier && !joined && pieces.size() == 1) {
+    NcclComm::Launch launch(*lane.comm);
+    ScopedRedOp op(plan, r.dtype, launch.get());
+    HVD_NCCL_CHECK(launch.get(), nccl.AllReduce(pieces[0].in, pieces[0].out,
+                                                static_cast<size_t>(total), type, op.get(),
+                                                launch.get(), lane.stream));
+    return;
+  }
+  // The hierarchical steps split the buffer evenly over the node's ranks; the
+  // padding is reduced too, and ignored.
+  const int64_t padded = hier ? (total + local_size_ - 1) / local_size_ * local_size_ : total;
+  char* buf = lane.fusion.Reserve(static_cast<size_t>(padded) * esize, device_, lane.stream);
+  int64_t at = 0;
+  for (const auto& p : pieces) {
+    if (p.in) {
+      CopyDevice(buf + at * esize, p.in, static_cast<size_t>(p.count) * esize, lane);
+    } else {
+      JoinedContribution(r, buf + at * esize, p.count, lane);
+    }
+    at += p.count;
+  }
+  if (hier) {
+    HierarchicalAllreduce(r, plan, buf, padded, lane);
+  } else {
+    NcclComm::Launch launch(*lane.comm);
+    ScopedRedOp op(plan, r.dtype, launch.get());
+    HVD_NCCL_CHECK(launch.get(), nccl.AllReduce(buf, buf, static_cast<size_t>(total), type,
+                                                op.get(), launch.get(), lane.stream));
+  }
+  at = 0;
+  for (const auto& p : pieces) {
+    if (p.out) CopyDevice(p.out, buf + at * esize, static_cast<size_t>(p.count) * esize, lane);
+    at += p.count;
+  }
+}
+
+void NcclBackend::HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
+                                        int64_t padded, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  ncclDataType_t type;
+  HVD_ENFORCE(NcclReduceType(r.dtype, version_, &type), "no NCCL type");
+  const size_t esize = DataTypeSize(r.dtype);
+  const size_t chunk = static_cast<size_t>(padded / local_size_);
+  char* mine = buf + static_cast<size_t>(local_rank_) * chunk * esize;
+  {
+    // 1. Inside the node: each rank ends up with the node's sum of its chunk
+    //    (the whole scale factor is applied here, once per element).
+    NcclComm::Launch launch(*lane.local);
+    ScopedRedOp op(plan, r.dtype, launch.get());
+    HVD_NCCL_CHECK(launch.get(), nccl.ReduceScatter(buf, mine, chunk, type, op.get(),
+                                                    launch.get(), lane.stream));
+  }
+  {
+    // 2. Across nodes, among the ranks holding the same chunk.
+    NcclComm::Launch launch(*lane.cross);
+    const ncclRedOp_t across = plan.premul ? ncclSum : plan.op;
+    HVD_NCCL_CHECK(launch.get(), nccl.AllReduce(mine, mine, chunk, type, across, launch.get(),
+                                                lane.stream));
+  }
+  {
+    // 3. Inside the node again: everyone gathers every chunk.
+    NcclComm::Launch launch(*lane.local);
+    HVD_NCCL_CHECK(launch.get(),
+                   nccl.AllGather(mine, buf, chunk, type, launch.get(), lane.stream));
+  }
+}
+
+void NcclBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  const bool root = rank_ == r.root;
+  struct Buf {
+    const char* in;
+    char* out;
+    size_t bytes;
+  };
+  std::vector<Buf> bufs;
+  size_t total = 0;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "broadcast on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const BufferDesc& in = u.entry->inputs[t];
+      const BufferDesc& out = u.entry->outputs[t];
+      bufs.push_back({static_cast<const char*>(in.data), static_cast<char*>(out.data),
+                      out.Bytes()});
+      total += out.Bytes();
+    }
+  }
+  if (total == 0) return;
+  if (bufs.size() == 1) {
+    NcclComm::Launch launch(*lane.comm);
+    // The send buffer is read on the root only; the root's output gets a copy.
+    HVD_NCCL_CHECK(launch.get(),
+                   nccl.Broadcast(root ? bufs[0].in : bufs[0].out, bufs[0].out, bufs[0].bytes,
+                                  ncclUint8, r.root, launch.get(), lane.stream));
+    return;
+  }
+  char* buf = lane.fusion.Reserve(total, device_, lane.stream);
+  size_t at = 0;
+  if (root) {
+    for (const auto& b : bufs) {
+      CopyDevice(buf + at, b.in, b.bytes, lane);
+      at += b.bytes;
+    }
+  }
+  {
+    NcclComm::Launch launch(*lane.comm);
+    HVD_NCCL_CHECK(launch.get(), nccl.Broadcast(buf, buf, total, ncclUint8, r.root, launch.get(),
+                                                lane.stream));
+  }
+  at = 0;
+  for (const auto& b : bufs) {
+    if (!root || b.in != b.out) CopyDevice(b.out, buf + at, b.bytes, lane);
+    at += b.bytes;
+  }
+}
+
+}  // namespace hvdcompat

@@ -1,0 +1,102 @@
+// CUDA-buffer collectives over NCCL. See Note [NCCL lanes] and, for the
+// stream rules, Note [GPU stream order] (cpp/gpu/gpu_events.h).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "env.h"
+#include "gpu/device_memory.h"
+#include "gpu/gpu_context.h"
+#include "gpu/nccl_comm.h"
+#include "gpu/nccl_reduce.h"
+#include "ops/backend.h"
+
+namespace hvdcompat {
+
+// Note [NCCL lanes]
+// A lane is one CUDA stream with its own NCCL communicator (plus, for the
+// hierarchical allreduce, a node-local and a cross-node one) and its own
+// device fusion buffer. HOROVOD_NUM_NCCL_STREAMS lanes are used round-robin,
+// one fused response each, so consecutive collectives can overlap on the
+// device; every rank picks the same lane for the same response because all
+// ranks execute responses in the same order. A communicator is never used
+// from two streams, which NCCL forbids.
+//
+// Everything is set up by the first CUDA response (collective over the
+// set): the device, every rank's NCCL version (features are used only when
+// the oldest copy in the set has them), a check that no two ranks of a node
+// share a GPU, the lanes and their communicators.
+//
+// What NCCL cannot reduce goes to the host-staged backend instead (int16;
+// Min/Max/Product or integer dtypes with scale factors; bfloat16 before NCCL
+// 2.10.3; scale factors before 2.11). Sum/Average scaling is folded into one
+// NCCL operator: result = prescale * postscale * (1/size for Average) *
+// sum(x), computed by ncclAvg or a PreMulSum operator, so no kernel of our
+// own is needed. With PreMulSum the scalar is rounded to the tensor's dtype,
+// as ncclAvg does, so float16/bfloat16 averages carry one extra rounding.
+class NcclBackend : public CollectiveBackend {
+ public:
+  // `fallback` runs the responses NCCL cannot (owned here).
+  NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
+              std::unique_ptr<CollectiveBackend> fallback);
+  ~NcclBackend() override;
+
+  const char* name() const override { return "NCCL"; }
+  bool CanExecute(const Response& r) const override { return r.device != kCpuDevice; }
+  // Issues the collective on a lane and attaches a completion to every
+  // entry's result; does not wait for the device.
+  void Execute(const Response& r, std::vector<ExecUnit>& units) override;
+
+ private:
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    std::shared_ptr<NcclComm> comm;   // the whole set
+    std::shared_ptr<NcclComm> local;  // hierarchical: this node's ranks
+    std::shared_ptr<NcclComm> cross;  // hierarchical: same local rank on each node
+    DeviceScratch fusion;
+    PinnedScratch host;  // identity values of joined ranks
+    std::vector<std::shared_ptr<AsyncErrorSource>> sources;
+  };
+
+  void Setup();
+  void SetupHierarchy();
+  bool Supports(const Response& r) const;
+  NcclReducePlan Plan(const Response& r, bool hierarchical) const;
+
+  void Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  void HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
+                             int64_t padded, Lane& lane);
+  void JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane);
+  void Broadcast(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  void Allgather(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  void Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  void Reducescatter(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  void CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane);
+
+  MPI_Comm comm_;  // the set's; worker thread only
+  Config config_;
+  GpuContext* gpu_;
+  std::unique_ptr<CollectiveBackend> fallback_;
+  int rank_ = 0;
+  int size_ = 1;
+
+  bool ready_ = false;
+  int device_ = -1;
+  int version_ = 0;  // the lowest NCCL version in the set
+  bool has_premul_ = false;
+  std::shared_ptr<EventPool> events_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  size_t next_lane_ = 0;
+
+  bool hierarchical_ = false;
+  MPI_Comm local_mpi_ = MPI_COMM_NULL;
+  MPI_Comm cross_mpi_ = MPI_COMM_NULL;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int cross_size_ = 1;
+};
+
+}  // namespace hvdcompat

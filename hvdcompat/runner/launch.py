@@ -1,0 +1,321 @@
+"""hvdcompatrun: launch a training script on N ranks through mpirun.
+
+    hvdcompatrun -np 4 python train.py
+    hvdcompatrun -np 16 -H node1:8,node2:8 python train.py
+    hvdcompatrun -np 16 --hostfile hosts.txt --fusion-threshold-mb 64 python train.py
+    hvdcompatrun --check-build
+
+It builds the matching ``mpirun`` line (binding off, environment forwarded,
+root and oversubscription handled), runs it, forwards SIGINT/SIGTERM to it and
+exits with its exit code. ``--verbose`` prints the line first, so it can be
+copied into a batch script that calls ``mpirun`` directly.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+from hvdcompat.runner import hosts as _hosts
+from hvdcompat.runner import mpirun_command as _mpirun
+from hvdcompat.runner import ports as _ports
+from hvdcompat.runner import tuning as _tuning
+
+__all__ = ["main", "LaunchError", "build_parser", "split_command", "check_command",
+           "plan_launch"]
+
+# Launch problems found before anything starts (argparse also uses 2).
+EXIT_USAGE = 2
+
+_EPILOG = """\
+examples:
+  hvdcompatrun -np 2 python examples/pytorch_mnist.py
+  hvdcompatrun -np 16 -H node1:8,node2:8 python train.py
+  hvdcompatrun -np 16 --hostfile hosts.txt --mpi-args="--mca btl_tcp_if_include eth0" python train.py
+  hvdcompatrun --check-build
+
+Every option must come before the command; everything from the command on is
+passed to it unchanged. Environment variables HOROVOD_*, HVDCOMPAT_*, NCCL_*,
+PATH, PYTHONPATH, LD_LIBRARY_PATH, PYTHONUNBUFFERED and MASTER_ADDR/PORT reach
+every rank, also on other nodes.
+"""
+
+
+class LaunchError(RuntimeError):
+    """A problem found before launching; the message says what to do."""
+
+
+def _version():
+    import hvdcompat
+
+    return hvdcompat.__version__
+
+
+def build_parser():
+    """The argument parser (options only; the command is split off first)."""
+    parser = argparse.ArgumentParser(
+        prog="hvdcompatrun", allow_abbrev=False,
+        description="Run a command on N ranks with hvdcompat, through mpirun.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--version", action="version",
+                        version=f"hvdcompatrun {_version()}")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int, metavar="N",
+                        help="number of ranks (default with -H/--hostfile: all their slots)")
+    parser.add_argument("-cb", "--check-build", action="store_true",
+                        help="print the frameworks, controllers and tensor operations this "
+                             "build supports, then exit (launches nothing)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the mpirun command before running it")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and their slots, e.g. node1:8,node2:8 (default: this "
+                            "machine only)")
+    where.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                       help="file of 'HOST slots=N' lines (# comments and blank lines allowed)")
+    parser.add_argument("--mpi-args", metavar="ARGS", default="",
+                        help="extra mpirun arguments, one quoted string, e.g. "
+                             "--mpi-args=\"--map-by ppr:4:node\"")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="Open MPI 5 only: add '" + " ".join(_mpirun.FAULT_TOLERANT_ARGS)
+                             + "' so a failed rank is reported to the survivors instead of "
+                               "killing the job; traffic then uses TCP only (slower within "
+                               "a node)")
+    parser.add_argument("--skip-command-check", action="store_true",
+                        help="do not check that the command and script exist here (for a "
+                             "script that exists only on the remote hosts)")
+    _tuning.add_tuning_arguments(parser)
+    return parser
+
+
+def split_command(parser, argv):
+    """Splits ``argv`` into (option tokens, command).
+
+    The command starts at the first token that is neither an option nor an
+    option's value (or after ``--``). An option's value is taken as is even
+    when it starts with ``-``, so ``--mpi-args "--map-by slot"`` works.
+    """
+    options, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return options, argv[i + 1:]
+        if not token.startswith("-") or token == "-":
+            return options, argv[i:]
+        name, eq, _ = token.partition("=")
+        action = parser._option_string_actions.get(name)
+        if action is None or action.nargs == 0 or eq or i + 1 == len(argv):
+            options.append(token)  # argparse reports unknown options and missing values
+            i += 1
+        else:
+            options.append(f"{name}={argv[i + 1]}")
+            i += 2
+    return options, []
+
+
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+
+
+def _python_script(args):
+    """The script a ``python ...`` command runs, or None (``-m``, ``-c``, stdin)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-m", "-c", "-") or (a.startswith(("-m", "-c")) and len(a) > 2):
+            return None
+        if a in ("-W", "-X"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a
+    return None
+
+
+def check_command(command, env, cwd):
+    """Checks that the command's executable (and Python script) exist here.
+
+    Raises:
+        LaunchError: naming what is missing and where it was looked for.
+    """
+    exe = command[0]
+    hint = ("; if it exists only on the remote hosts, pass --skip-command-check")
+    if os.sep in exe:
+        path = os.path.join(cwd, exe)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            what = "is not executable" if os.path.isfile(path) else "does not exist"
+            raise LaunchError(f"hvdcompatrun: command {exe!r} {what} (looked in {cwd}){hint}")
+    elif shutil.which(exe, path=env.get("PATH", "")) is None:
+        raise LaunchError(f"hvdcompatrun: command {exe!r} was not found on PATH{hint}")
+    if _PYTHON.match(os.path.basename(exe)):
+        script = _python_script(command[1:])
+        if script is not None and not os.path.isfile(os.path.join(cwd, script)):
+            raise LaunchError(
+                f"hvdcompatrun: script {script!r} does not exist (looked in {cwd}); check the "
+                f"path{hint}")
+
+
+def _resolve_executable(command, env):
+    """``command`` with a bare executable name replaced by its path on our PATH.
+
+    Launchers may put their own directory first on the ranks' PATH (pyenv's
+    shims do; so does Open MPI's --prefix), and a bare ``python`` would then
+    start another interpreter, without this environment's packages. The
+    absolute path makes every rank run what ``python`` means in this shell.
+    """
+    exe = command[0]
+    if os.sep in exe:
+        return list(command)
+    found = shutil.which(exe, path=env.get("PATH", ""))
+    return [os.path.abspath(found) if found else exe] + list(command[1:])
+
+
+def _hosts_from(args):
+    try:
+        if args.hosts:
+            return _hosts.parse_hosts_arg(args.hosts)
+        if args.hostfile:
+            return _hosts.parse_hostfile(args.hostfile)
+    except _hosts.HostListError as e:
+        raise LaunchError(f"hvdcompatrun: {e}") from None
+    return []
+
+
+def _rendezvous_env(env, hosts):
+    """MASTER_ADDR/PORT for DDP-style scripts when every rank runs here."""
+    if not _hosts.all_local(hosts):
+        return {}
+    port = env.get("MASTER_PORT")
+    if port:
+        try:
+            _ports.check_port_free(int(port))
+        except ValueError:
+            raise LaunchError(f"hvdcompatrun: MASTER_PORT={port!r} is not a port number") \
+                from None
+        except _ports.PortInUse as e:
+            raise LaunchError(str(e)) from None
+        return {}
+    return {"MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": str(_ports.free_port())}
+
+
+def _build_compiler():
+    try:
+        import hvdcompat
+
+        return hvdcompat.build_info().get("mpi_compiler")
+    except Exception:  # a broken core must not hide the launcher's own message
+        return None
+
+
+def plan_launch(args, command, environ=None, cwd=None):
+    """The mpirun argv and environment for parsed ``args`` and ``command``.
+
+    Raises:
+        LaunchError: with the reason and the fix.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    cwd = cwd or os.getcwd()
+    if not command:
+        raise LaunchError("hvdcompatrun: no command given; for example: "
+                          "hvdcompatrun -np 2 python train.py")
+    hosts = _hosts_from(args)
+    np = args.num_proc
+    if np is None:
+        if not hosts:
+            raise LaunchError("hvdcompatrun: -np N is required (or -H/--hostfile, to use all "
+                              "their slots)")
+        np = _hosts.total_slots(hosts)
+    if np < 1:
+        raise LaunchError(f"hvdcompatrun: -np must be at least 1, got {np}")
+    if not args.skip_command_check:
+        check_command(command, environ, cwd)
+    command = _resolve_executable(command, environ)
+    env = environ
+    env.update(_tuning.tuning_environment(args))
+    # Progress lines of the ranks appear as they are printed, not at exit.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(_rendezvous_env(env, hosts))
+    try:
+        mpirun = _mpirun.find_mpirun(env, _build_compiler(), sys.executable)
+    except _mpirun.MpirunNotFound as e:
+        raise LaunchError(str(e)) from None
+    try:
+        mpi_args = shlex.split(args.mpi_args or "")
+    except ValueError as e:
+        raise LaunchError(f"hvdcompatrun: --mpi-args {args.mpi_args!r}: {e}") from None
+    spec = _mpirun.LaunchSpec(
+        np=np, command=list(command), hosts=hosts, env=env, mpi_args=mpi_args,
+        fault_tolerant=args.fault_tolerant, as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        local_cores=_mpirun.physical_cores(), flavor=_mpirun.mpi_flavor(mpirun))
+    try:
+        return _mpirun.build_command(mpirun, spec), env
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+
+
+def _terminal_sent_it():
+    """Whether a Ctrl-C from our terminal also reached mpirun (same process group)."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def run(cmd, env):
+    """Runs ``cmd``, forwarding SIGINT/SIGTERM; returns its exit code.
+
+    A rank killed by signal S (mpirun itself dying of S) gives 128 + S, as a
+    shell reports it.
+    """
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame):
+        # A terminal's Ctrl-C already went to mpirun, which shares our process
+        # group; a second SIGINT would make it skip its orderly teardown.
+        if signum == signal.SIGINT and _terminal_sent_it():
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 128 - code if code < 0 else code
+
+
+def main(argv=None):
+    """Entry point of the ``hvdcompatrun`` console script; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    options, command = split_command(parser, argv)
+    args = parser.parse_args(options)
+    if args.check_build:
+        from hvdcompat.runner.check_build import check_build_report
+
+        sys.stdout.write(check_build_report())
+        return 0
+    try:
+        cmd, env = plan_launch(args, command)
+    except LaunchError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    if args.verbose:
+        print("hvdcompatrun: " + shlex.join(cmd), flush=True)
+    return run(cmd, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

