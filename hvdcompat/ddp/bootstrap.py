@@ -15,6 +15,8 @@ import socket
 
 import torch
 
+from hvdcompat.runner.ports import free_port
+
 __all__ = ["ENV_VARS", "launched_by_mpi", "launched_by_torch", "bootstrap_env"]
 
 # What env:// initialisation and DDP scripts read, in the order we fill them.
@@ -68,12 +70,6 @@ def _reachable_address(everyone_local):
         return host
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _broadcast_rendezvous(hvd, addr, port):
     """Rank 0's (address, port), received on every rank over the engine."""
     buf = torch.zeros(_ADDR_BYTES + 1, dtype=torch.int64)
@@ -115,7 +111,7 @@ def bootstrap_env(environ=None):
     # ranks with different environments cannot diverge.
     addr, port = _broadcast_rendezvous(
         hvd, _reachable_address(hvd.local_size() == hvd.size()) if hvd.rank() == 0 else "",
-        _free_port() if hvd.rank() == 0 else 0)
+        free_port() if hvd.rank() == 0 else 0)
     values = {"RANK": hvd.rank(), "WORLD_SIZE": hvd.size(), "LOCAL_RANK": hvd.local_rank(),
               "LOCAL_WORLD_SIZE": hvd.local_size(), "MASTER_ADDR": addr, "MASTER_PORT": port}
     filled = []
