@@ -41,25 +41,26 @@ __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_h
 
 COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-_FUSION_ENV = ("HVDCOMPAT_DDP_FUSION_THRESHOLD",)
+_FUSION_ENV = "HVDCOMPAT_DDP_FUSION_THRESHOLD"
+# Off: packing buckets together costs DDP its overlap of backward and
+# communication, and was slower in examples/pytorch_ddp_benchmark.py.
 _DEFAULT_FUSION_BYTES = 0
 
 _state_ids = itertools.count()
 
 
 def _fusion_from_env():
-    for var in _FUSION_ENV:
-        raw = os.environ.get(var)
-        if raw:
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw!r}: expected a number of bytes (0 turns bucket "
-                                 "fusion off)") from None
-            if value < 0:
-                raise ValueError(f"{var}={raw!r}: must be >= 0")
-            return value
-    return _DEFAULT_FUSION_BYTES
+    raw = os.environ.get(_FUSION_ENV)
+    if not raw:
+        return _DEFAULT_FUSION_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{_FUSION_ENV}={raw!r}: expected a number of bytes (0 turns bucket "
+                         "fusion off)") from None
+    if value < 0:
+        raise ValueError(f"{_FUSION_ENV}={raw!r}: must be >= 0")
+    return value
 
 
 def _wire_dtype(compression):
