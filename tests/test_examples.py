@@ -55,6 +55,11 @@ SHORT_SETTINGS = {
          [_multi_model_resumed]),
     ],
     "train_small.py": [(["--steps", "5"], ["done: final loss"])],
+    "pytorch_ddp_benchmark.py": [
+        (["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"],
+         ["2 ranks (MPI launcher)", "hvdcompat backend            engine",
+          "gloo + accelerate (none)     engine", "gloo + accelerate (fp16)"]),
+    ],
     "allreduce_benchmark.py": [
         (["--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--resnet-iters", "1"],
          ["hvdcompat ms", "ResNet-50 gradient set: 161 tensors, 25,557,032 floats",

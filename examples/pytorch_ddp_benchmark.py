@@ -1,0 +1,149 @@
+"""DDP training throughput: gloo vs the hvdcompat backend vs gloo + hvdcompat's hook.
+
+Any launcher works; the script itself is an ordinary env:// DDP script:
+
+    torchrun --standalone --nproc_per_node=2 examples/pytorch_ddp_benchmark.py
+    python -m torch.distributed.launch --nproc_per_node=2 --nnodes=1 --node_rank=0 \
+        --master_addr=localhost --master_port=6006 examples/pytorch_ddp_benchmark.py
+    mpirun -np 2 python examples/pytorch_ddp_benchmark.py
+
+In one job it trains the same synthetic model (an MLP on random data) with
+DistributedDataParallel in each configuration and prints steps/s on rank 0:
+
+* ``gloo``: plain DDP on the gloo process group (the baseline);
+* ``hvdcompat backend``: DDP on ``dist.new_group(backend="hvdcompat")``
+  (needs an MPI launcher; skipped under torchrun);
+* ``gloo + accelerate [compression]``: DDP on gloo with the hook that
+  ``import hvdcompat.ddp.accelerate`` installs (engine route under mpirun,
+  process-group route under torchrun).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hvdcompat.ddp  # registers the backend; under mpirun fills RANK, MASTER_ADDR, ...
+from hvdcompat.ddp import hooks
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per configuration")
+    p.add_argument("--iters", type=int, default=20, help="timed steps per configuration")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="configurations take turns this many times; the median is reported "
+                        "(evens out load from other jobs)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--hidden", type=int, default=1024, help="width of the MLP")
+    p.add_argument("--layers", type=int, default=6, help="hidden layers of the MLP")
+    p.add_argument("--compression", default="none,fp16",
+                   help="comma-separated compressions to run with the accelerate hook "
+                        "(none, fp16, bf16)")
+    # torch.distributed.launch without --use_env passes the local rank as an argument.
+    p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def launcher():
+    if hvdcompat.ddp.bootstrap.launched_by_mpi():
+        return "MPI launcher"
+    if hvdcompat.ddp.bootstrap.launched_by_torch():
+        return "torchrun / torch.distributed.launch"
+    return "no launcher"
+
+
+def build_model(args):
+    torch.manual_seed(0)  # every rank and every configuration starts from the same weights
+    layers = [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+    for _ in range(args.layers - 1):
+        layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+    layers.append(nn.Linear(args.hidden, 10))
+    return nn.Sequential(*layers)
+
+
+class Trainer:
+    """One configuration: a DDP model, its optimizer and this rank's fixed batch."""
+
+    def __init__(self, model, args):
+        self.model = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(1000 + dist.get_rank())
+        self.x = torch.randn(args.batch_size, args.hidden, generator=gen)
+        self.y = torch.randint(0, 10, (args.batch_size,), generator=gen)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def step(self):
+        self.opt.zero_grad()
+        self.loss_fn(self.model(self.x), self.y).backward()
+        self.opt.step()
+
+    def steps_per_second(self, warmup, iters):
+        for _ in range(warmup):
+            self.step()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            self.step()
+        dist.barrier()
+        # The slowest rank sets the job's pace.
+        t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return iters / t.item()
+
+
+def main():
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+
+    # (label, make) where make() returns (DDP model, how its gradients travel).
+    configs = [("gloo", lambda: (DDP(build_model(args)), "gloo"))]
+    if hvdcompat.ddp.backend_available():
+        hv_group = dist.new_group(backend="hvdcompat")
+        configs.append(("hvdcompat backend",
+                        lambda: (DDP(build_model(args), process_group=hv_group), "engine")))
+    for comp in [c.strip() for c in args.compression.split(",") if c.strip()]:
+        def make(comp=comp):
+            model = DDP(build_model(args))
+            # What `import hvdcompat.ddp.accelerate` installs, with this compression.
+            return model, hooks.register(model, compression=comp).route
+        configs.append((f"gloo + accelerate ({comp})", make))
+
+    trainers = []
+    for label, make in configs:
+        model, route = make()
+        trainers.append((label, route, Trainer(model, args)))
+    samples = {label: [] for label, _, _ in trainers}
+    for _ in range(args.rounds):
+        for label, _, trainer in trainers:
+            samples[label].append(trainer.steps_per_second(args.warmup, args.iters))
+    results = [(label, route, statistics.median(samples[label])) for label, route, _ in trainers]
+
+    if rank == 0:
+        params = sum(p.numel() for p in build_model(args).parameters())
+        print(f"DDP benchmark: {size} ranks ({launcher()}), MLP {args.layers}x{args.hidden} "
+              f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of gradients), "
+              f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
+              f"{args.iters} timed steps per configuration, median shown")
+        if not hvdcompat.ddp.backend_available():
+            print("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
+        base = results[0][2]
+        print(f"{'configuration':<28} {'route':<14} {'steps/s':>9} {'samples/s':>10} "
+              f"{'vs gloo':>8}")
+        for label, route, sps in results:
+            print(f"{label:<28} {route:<14} {sps:>9.2f} {sps * args.batch_size * size:>10.1f} "
+                  f"{sps / base:>7.2f}x")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

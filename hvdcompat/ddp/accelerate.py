@@ -1,0 +1,121 @@
+"""One-line acceleration of DDP scripts.
+
+    import hvdcompat.ddp.accelerate      # anywhere: before or after `import torch`
+
+Every ``DistributedDataParallel`` model built afterwards reduces its
+gradients with hvdcompat's allreduce hook (:mod:`hvdcompat.ddp.hooks`). The
+script and its launcher stay as they are:
+
+* under ``mpirun`` / ``hvdcompatrun`` the env:// variables are filled by the
+  bootstrap and buckets go through hvdcompat's engine (MPI, fusion,
+  response cache), whatever backend the script initialised;
+* under ``torchrun`` / ``python -m torch.distributed.launch --use_env``
+  buckets are fused and (optionally) compressed by hvdcompat and reduced by
+  the script's own process group. hvdcompat's engine is not used there: its
+  MPI world cannot span processes that an MPI launcher did not start (Open
+  MPI singletons cannot connect to each other without a shared runtime
+  server), so the gain there comes from compression and fusion only.
+
+The hook is installed at the model's first forward call, unless the script
+registered its own communication hook by then (the script's hook wins).
+Rank 0 prints one line saying what was installed.
+
+Environment:
+    HVDCOMPAT_DDP_COMPRESSION: ``none`` (default), ``fp16`` or ``bf16``.
+    HVDCOMPAT_DDP_ROUTE: ``auto`` (default), ``engine`` or ``process_group``.
+    HVDCOMPAT_DDP_FUSION_THRESHOLD: bytes of consecutive buckets packed into
+        one collective on the process_group route (default 0: off).
+    HVDCOMPAT_DDP_ACCELERATE: ``0`` keeps DDP untouched (the import still
+        registers the backend and runs the bootstrap).
+"""
+
+import functools
+import os
+import sys
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hvdcompat.ddp import hooks
+
+__all__ = ["enable", "disable", "is_enabled", "settings"]
+
+_original = {}
+_announced = [False]
+
+
+def settings(environ=None):
+    """(compression, route) from the environment; ValueError for bad values."""
+    environ = os.environ if environ is None else environ
+    compression = environ.get("HVDCOMPAT_DDP_COMPRESSION", "none").strip().lower() or "none"
+    if compression not in hooks.COMPRESSIONS:
+        raise ValueError(f"HVDCOMPAT_DDP_COMPRESSION={compression!r}: use one of "
+                         f"{sorted(hooks.COMPRESSIONS)}")
+    route = environ.get("HVDCOMPAT_DDP_ROUTE", "auto").strip().lower() or "auto"
+    if route not in ("auto", "engine", "process_group"):
+        raise ValueError(f"HVDCOMPAT_DDP_ROUTE={route!r}: use auto, engine or process_group")
+    return compression, route
+
+
+def _announce(state):
+    if _announced[0]:
+        return
+    _announced[0] = True
+    if dist.get_rank() == 0:
+        sys.stderr.write(f"hvdcompat.ddp.accelerate: DistributedDataParallel gradients "
+                         f"{state.describe()} ({dist.get_world_size()} ranks)\n")
+        sys.stderr.flush()
+
+
+def _has_own_hook(model):
+    return bool(getattr(model, "_comm_hooks", None)) or model.__dict__.get(
+        "_hvdcompat_builtin_hook", False)
+
+
+def _install_at_first_forward(model, args, kwargs):
+    model.__dict__.pop("_hvdcompat_pre_hook").remove()
+    if _has_own_hook(model):
+        return
+    compression, route = settings()
+    state = hooks.register(model, compression=compression, route=route)
+    model._hvdcompat_hook_state = state
+    _announce(state)
+
+
+def _patched_init(self, *args, **kwargs):
+    _original["__init__"](self, *args, **kwargs)
+    self._hvdcompat_pre_hook = self.register_forward_pre_hook(
+        _install_at_first_forward, with_kwargs=True)
+
+
+def _patched_builtin(self, comm_hook_type):
+    self._hvdcompat_builtin_hook = True
+    return _original["_register_builtin_comm_hook"](self, comm_hook_type)
+
+
+def enable():
+    """Makes DDP models built from now on use hvdcompat's hook (idempotent)."""
+    settings()  # fail early on a bad environment
+    if _original:
+        return
+    _original["__init__"] = DistributedDataParallel.__init__
+    _original["_register_builtin_comm_hook"] = DistributedDataParallel._register_builtin_comm_hook
+    DistributedDataParallel.__init__ = functools.wraps(_original["__init__"])(_patched_init)
+    DistributedDataParallel._register_builtin_comm_hook = functools.wraps(
+        _original["_register_builtin_comm_hook"])(_patched_builtin)
+
+
+def disable():
+    """Restores DDP; models already built keep what they have."""
+    for name, fn in _original.items():
+        setattr(DistributedDataParallel, name, fn)
+    _original.clear()
+
+
+def is_enabled():
+    """Whether DDP models built now get hvdcompat's hook."""
+    return bool(_original)
+
+
+if os.environ.get("HVDCOMPAT_DDP_ACCELERATE", "1").strip() not in ("0", "false", "no", "off"):
+    enable()
