@@ -163,6 +163,29 @@ def test_16bit_floats_reduce_in_float32_and_round_once(dtype, inplace):
     assert_same(out, expected, what="rounded once")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_16bit_floats_at_vector_lengths_match_torchs_rounding(dtype):
+    # Long enough for the vectorised conversions, with an odd tail, random
+    # values, subnormals, infinities and a NaN: the result must equal the
+    # float32 sum rounded once by torch itself, element for element. Values
+    # span few enough binades that the float32 sum is exact in any order.
+    n = 10007
+    g = torch.Generator().manual_seed(4242)
+    xs = []
+    for r in range(hvd.size()):
+        x = torch.randn(n, generator=g) * (2.0 ** torch.randint(-3, 6, (n,), generator=g))
+        x[:4] = torch.tensor([float("inf"), 1e-7, -3e-6, 65000.0])
+        xs.append(x.to(dtype))
+    xs[0][4] = float("nan")
+    out = hvd.allreduce(xs[hvd.rank()], op=hvd.Sum, postscale_factor=0.5,
+                        name=f"vec16.{dtype_id(dtype)}")
+    want = (torch.stack([x.float() for x in xs]).sum(0) * 0.5).to(dtype)
+    assert out.dtype == dtype
+    assert torch.equal(out.isnan(), want.isnan())
+    mask = ~want.isnan()
+    assert torch.equal(out[mask], want[mask])
+
+
 def test_float16_sum_does_not_overflow_in_the_intermediate():
     # 40000 per rank overflows float16 once summed; the float32 accumulator
     # and the postscale bring it back into range.
