@@ -93,6 +93,10 @@ struct BufferDesc {
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape);
+// Elements of a tensor of this shape (1 for a scalar).
+int64_t ShapeElements(const std::vector<int64_t>& shape);
+// Elements in one slice along dim 0: the product of dims 1..n-1.
+int64_t ShapeRowElements(const std::vector<int64_t>& shape);
 
 // Broken invariant inside the core (a bug, not a user error).
 class InternalError : public std::runtime_error {

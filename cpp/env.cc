@@ -96,25 +96,14 @@ namespace {
 
 }  // namespace
 
-int64_t KnobInt(Knob knob) {
-  std::string source;
-  std::string v = KnobString(knob, &source);
-  try {
-    size_t used = 0;
-    // Accept "1e6"-style values too: some launch scripts write thresholds so.
-    double d = std::stod(v, &used);
-    if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
-    return static_cast<int64_t>(d);
-  } catch (const std::logic_error&) {
-    BadValue(knob, v, source, "a non-negative number");
-  }
-}
+int64_t KnobInt(Knob knob) { return static_cast<int64_t>(KnobDouble(knob)); }
 
 double KnobDouble(Knob knob) {
   std::string source;
   std::string v = KnobString(knob, &source);
   try {
     size_t used = 0;
+    // Accept "1e6"-style values too: some launch scripts write thresholds so.
     double d = std::stod(v, &used);
     if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
     return d;

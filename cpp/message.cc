@@ -6,22 +6,14 @@ namespace hvdcompat {
 
 int64_t Request::TotalBytes() const {
   int64_t n = 0;
-  for (const auto& s : shapes) {
-    int64_t e = 1;
-    for (int64_t d : s) e *= d;
-    n += e;
-  }
+  for (const auto& s : shapes) n += ShapeElements(s);
   return n * static_cast<int64_t>(DataTypeSize(dtype));
 }
 
 int64_t Response::TotalElements() const {
   int64_t n = 0;
   for (const auto& u : units) {
-    for (const auto& s : u.shapes) {
-      int64_t e = 1;
-      for (int64_t d : s) e *= d;
-      n += e;
-    }
+    for (const auto& s : u.shapes) n += ShapeElements(s);
   }
   return n;
 }

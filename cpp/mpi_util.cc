@@ -50,6 +50,16 @@ void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, in
   throw CommunicationError(os.str(), FailedRanks(comm, rc));
 }
 
+std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows) {
+  int size = 0;
+  HVD_MPI_CHECK(comm, MPI_Comm_size(comm, &size));
+  HVD_ENFORCE(static_cast<int>(send_rows.size()) == size, "alltoall splits size");
+  std::vector<int64_t> recv_rows(size);
+  HVD_MPI_CHECK(comm, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
+                                   MPI_INT64_T, comm));
+  return recv_rows;
+}
+
 namespace {
 
 void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype*) {

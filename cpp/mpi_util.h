@@ -21,6 +21,10 @@ namespace hvdcompat {
 // ULFM support or when the error is not a process failure.
 std::vector<int> FailedRanks(MPI_Comm comm, int error_code);
 
+// Alltoall of row counts: `send_rows[j]` rows go to rank j; returns the rows
+// received from each rank (collective over `comm`).
+std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows);
+
 #define HVD_MPI_CHECK(comm, call)                                             \
   do {                                                                        \
     int hvd_rc_ = (call);                                                     \

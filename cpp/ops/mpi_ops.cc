@@ -9,18 +9,6 @@ namespace hvdcompat {
 
 namespace {
 
-int64_t ElementsOf(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
-int64_t RowElementsOf(const Shape& s) {
-  int64_t n = 1;
-  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
-  return n;
-}
-
 int ToInt(int64_t v, const char* what) {
   if (v > INT_MAX || v < 0) {
     throw InvalidArgument(std::string(what) + " of " + std::to_string(v) +
@@ -152,7 +140,7 @@ void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
   size_t joined = 0;
   for (auto& u : units) {
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      int64_t count = ElementsOf(u.unit->shapes[t]);
+      int64_t count = ShapeElements(u.unit->shapes[t]);
       if (u.entry) {
         pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
                           static_cast<char*>(u.entry->outputs[t].data), count, pre});
@@ -191,7 +179,7 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   for (auto& u : units) {
     HVD_ENFORCE(u.entry, "allgather on a joined rank");
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      tensors.push_back({u.entry, t, RowElementsOf(u.entry->inputs[t].shape)});
+      tensors.push_back({u.entry, t, ShapeRowElements(u.entry->inputs[t].shape)});
     }
   }
   const size_t n = tensors.size();
@@ -325,12 +313,9 @@ void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
     HVD_ENFORCE(u.entry, "alltoall on a joined rank");
     TensorEntry* e = u.entry;
     const BufferDesc& in = e->inputs[0];
-    const int64_t row = RowElementsOf(in.shape);
+    const int64_t row = ShapeRowElements(in.shape);
     const std::vector<int64_t>& send_rows = e->splits[0];
-    HVD_ENFORCE(static_cast<int>(send_rows.size()) == size_, "alltoall splits size");
-    std::vector<int64_t> recv_rows(size_);
-    HVD_MPI_CHECK(comm_, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
-                                      MPI_INT64_T, comm_));
+    const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
     int64_t total_rows = 0;
     for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
@@ -371,7 +356,7 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
       const BufferDesc& in = u.entry->inputs[t];
       tensors.push_back({&in, &u.entry->outputs[t], in.shape.empty() ? 1 : in.shape[0],
-                         RowElementsOf(in.shape)});
+                         ShapeRowElements(in.shape)});
     }
   }
   // Rank-major layout: the block every rank receives is contiguous.

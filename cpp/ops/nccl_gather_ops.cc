@@ -163,10 +163,7 @@ void NcclBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane
     const BufferDesc& in = e->inputs[0];
     const size_t row_bytes = static_cast<size_t>(in.RowElements()) * esize;
     const std::vector<int64_t>& send_rows = e->splits[0];
-    HVD_ENFORCE(static_cast<int>(send_rows.size()) == size_, "alltoall splits size");
-    std::vector<int64_t> recv_rows(size_);
-    HVD_MPI_CHECK(comm_, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
-                                      MPI_INT64_T, comm_));
+    const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
     int64_t total_rows = 0;
     for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;

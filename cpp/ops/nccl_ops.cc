@@ -17,12 +17,6 @@ namespace hvdcompat {
 
 namespace {
 
-int64_t ElementsOf(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 std::string Describe(const Response& r) {
   std::string s = std::string(OpTypeName(r.op)) + " of '" + r.units[0].name + "'";
   if (r.units.size() > 1) s += " and " + std::to_string(r.units.size() - 1) + " more (fused)";
@@ -260,7 +254,7 @@ void NcclBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units, Lan
   bool joined = false;
   for (auto& u : units) {
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      int64_t count = ElementsOf(u.unit->shapes[t]);
+      int64_t count = ShapeElements(u.unit->shapes[t]);
       if (u.entry) {
         pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
                           static_cast<char*>(u.entry->outputs[t].data), count});
