@@ -11,7 +11,7 @@ from hvdcompat.ops.collectives import (
     _allreduce_async, _check_reduce_op, _check_reducescatter, _describe_all,
     _reducescatter_shape, _set_rank_size, handle_average_backwards_compatibility,
 )
-from hvdcompat.ops.handles import _enqueue, synchronize
+from hvdcompat.ops.handles import _composite, _enqueue, synchronize
 from hvdcompat.process_sets import global_process_set
 
 __all__ = [
@@ -27,6 +27,33 @@ def _as_list(tensors, op):
     return tensors
 
 
+def _per_dtype(tensors, name, launch):
+    """Runs `launch(tensors, name)` once per dtype when the list mixes dtypes.
+
+    The engine fuses one dtype per collective, so a mixed group becomes one
+    grouped op per dtype (in order of first appearance, named
+    ``<name>.part<k>``) behind a single handle whose result keeps the
+    original order.
+    """
+    parts = {}
+    for i, t in enumerate(tensors):
+        parts.setdefault(getattr(t, "dtype", None), []).append(i)
+    if len(parts) == 1:
+        return launch(tensors, name)
+    indices = list(parts.values())
+    handles = [launch([tensors[i] for i in idx], None if name is None else f"{name}.part{k}")
+               for k, idx in enumerate(indices)]
+
+    def assemble(results):
+        out = [None] * len(tensors)
+        for idx, res in zip(indices, results):
+            for i, r in zip(idx, res):
+                out[i] = r
+        return tuple(out)
+
+    return _composite(handles, assemble)
+
+
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of every tensor in `tensors`; inputs are not modified.
@@ -35,21 +62,26 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         A handle; :func:`synchronize` returns a tuple of outputs.
     """
     op = handle_average_backwards_compatibility(op, average)
-    tensors = _as_list(tensors, "grouped_allreduce")
-    outputs = [_tensor.empty_like_contiguous(t, op="grouped_allreduce", name=name)
-               for t in tensors]
-    return _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
-                            process_set, "grouped_allreduce",
-                            lambda o, s, j: tuple(outputs))
+
+    def launch(ts, nm):
+        outputs = [_tensor.empty_like_contiguous(t, op="grouped_allreduce", name=nm) for t in ts]
+        return _allreduce_async(ts, outputs, nm, op, prescale_factor, postscale_factor,
+                                process_set, "grouped_allreduce",
+                                lambda o, s, j: tuple(outputs))
+
+    return _per_dtype(_as_list(tensors, "grouped_allreduce"), name, launch)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce_async`."""
     op = handle_average_backwards_compatibility(op, average)
-    tensors = _as_list(tensors, "grouped_allreduce")
-    return _allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
-                            process_set, "grouped_allreduce", lambda o, s, j: tuple(tensors))
+
+    def launch(ts, nm):
+        return _allreduce_async(ts, ts, nm, op, prescale_factor, postscale_factor, process_set,
+                                "grouped_allreduce", lambda o, s, j: tuple(ts))
+
+    return _per_dtype(_as_list(tensors, "grouped_allreduce"), name, launch)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -66,9 +98,14 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             raise ValueError(f"grouped_allgather '{name}': cannot allgather a scalar (0-dim) "
                              "tensor; reshape it to [1] first.")
-    descs = _describe_all(tensors, "grouped_allgather", name)
-    return _enqueue("allgather", "grouped_allgather", name, process_set.process_set_id, descs, [],
-                    lambda outs, s, j: tuple(torch.from_dlpack(o) for o in outs), tuple(tensors))
+
+    def launch(ts, nm):
+        descs = _describe_all(ts, "grouped_allgather", nm)
+        return _enqueue("allgather", "grouped_allgather", nm, process_set.process_set_id, descs,
+                        [], lambda outs, s, j: tuple(torch.from_dlpack(o) for o in outs),
+                        tuple(ts))
+
+    return _per_dtype(tensors, name, launch)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -78,10 +115,15 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     _check_reducescatter(tensors, op, name)
     _check_reduce_op(op, "grouped_reducescatter", name, tensors)
     set_rank, set_size = _set_rank_size(process_set, "Reducescatter")
-    outputs = [_tensor.empty_like_contiguous(t, _reducescatter_shape(t, set_rank, set_size))
-               for t in tensors]
-    ins = _describe_all(tensors, "grouped_reducescatter", name)
-    outs = _describe_all(outputs, "grouped_reducescatter", name)
-    return _enqueue("reducescatter", "grouped_reducescatter", name, process_set.process_set_id,
-                    ins, outs, lambda o, s, j: tuple(outputs), (tuple(tensors), tuple(outputs)),
-                    reduce_op=op, prescale=prescale_factor, postscale=postscale_factor)
+
+    def launch(ts, nm):
+        outputs = [_tensor.empty_like_contiguous(t, _reducescatter_shape(t, set_rank, set_size))
+                   for t in ts]
+        ins = _describe_all(ts, "grouped_reducescatter", nm)
+        outs = _describe_all(outputs, "grouped_reducescatter", nm)
+        return _enqueue("reducescatter", "grouped_reducescatter", nm,
+                        process_set.process_set_id, ins, outs, lambda o, s, j: tuple(outputs),
+                        (tuple(ts), tuple(outputs)), reduce_op=op, prescale=prescale_factor,
+                        postscale=postscale_factor)
+
+    return _per_dtype(tensors, name, launch)

@@ -15,6 +15,10 @@ _handle_map = {}
 _noname_counts = {}
 # (process set id, full name) of named ops whose handle is not synchronized.
 _taken_names = set()
+# Handles standing for several core ops (grouped ops over several dtypes):
+# negative ids -> (core handles, assemble(results) -> result).
+_composites = {}
+_next_composite = [-1]
 
 
 class _Pending:
@@ -31,6 +35,16 @@ def _reset():
     _handle_map.clear()
     _noname_counts.clear()
     _taken_names.clear()
+    _composites.clear()
+    _next_composite[0] = -1
+
+
+def _composite(handles, assemble):
+    """One handle for several enqueued ops; synchronize returns assemble(results)."""
+    cid = _next_composite[0]
+    _next_composite[0] -= 1
+    _composites[cid] = (list(handles), assemble)
+    return cid
 
 
 _on_init.append(_reset)
@@ -94,6 +108,8 @@ def poll(handle):
     Raises:
         ValueError: the handle is unknown or was already synchronized.
     """
+    if handle in _composites:
+        return all(poll(h) for h in _composites[handle][0])
     if handle not in _handle_map:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
     return _core.poll(handle)
@@ -115,6 +131,17 @@ def synchronize(handle):
             lost or shut down, or communication failed); the message says why.
         ValueError: the op was invalid on this rank.
     """
+    if handle in _composites:
+        handles, assemble = _composites.pop(handle)
+        results, error = [], None
+        for h in handles:  # wait for every part, even after a failure
+            try:
+                results.append(synchronize(h))
+            except (HorovodInternalError, ValueError) as e:
+                error = error or e
+        if error is not None:
+            raise error
+        return assemble(results)
     pending = _handle_map.get(handle)
     if pending is None:
         return None

@@ -195,3 +195,28 @@ def test_grouped_reducescatter_gradient(op_name):
     expected = float(n) if op_name == "Sum" else 1.0
     for x in xs:
         assert_same(x.grad, torch.full_like(x, expected))
+
+
+def test_groups_may_mix_dtypes_like_horovod():
+    # One handle, one result in the caller's order, although the engine runs
+    # one fused collective per dtype.
+    n, r = hvd.size(), hvd.rank()
+    ts = [torch.full((3,), r + 1, dtype=torch.float32), torch.full((2, 2), r + 1, dtype=torch.int64),
+          torch.full((4,), r + 1, dtype=torch.float64), torch.full((1,), r + 1, dtype=torch.int64)]
+    total = n * (n + 1) // 2
+    out = hvd.grouped_allreduce(ts, op=hvd.Sum, name="mixed.ar")
+    assert [o.dtype for o in out] == [t.dtype for t in ts]
+    assert all(torch.equal(o, torch.full_like(t, total)) for o, t in zip(out, ts))
+    h = hvd.grouped_allreduce_async_([t.clone() for t in ts], op=hvd.Sum)
+    res = hvd.synchronize(h)
+    assert isinstance(res, tuple) and all(torch.equal(o, torch.full_like(t, total))
+                                          for o, t in zip(res, ts))
+    gathered = hvd.grouped_allgather([t.reshape(-1) for t in ts], name="mixed.ag")
+    for g, t in zip(gathered, ts):
+        assert g.dtype == t.dtype
+        assert torch.equal(g, torch.cat([torch.full((t.numel(),), k + 1, dtype=t.dtype)
+                                         for k in range(n)]))
+    rows = [torch.full((n, 2), r + 1, dtype=d) for d in (torch.float32, torch.int32, torch.float32)]
+    scattered = hvd.grouped_reducescatter(rows, op=hvd.Sum, name="mixed.rs")
+    assert [s.dtype for s in scattered] == [x.dtype for x in rows]
+    assert all(torch.equal(s, torch.full((1, 2), total, dtype=s.dtype)) for s in scattered)
