@@ -13,20 +13,39 @@ _STATUS = _core.STATUS
 _handle_map = {}
 # process set id -> number of unnamed ops enqueued on it (names them).
 _noname_counts = {}
+# (process set id, full name) -> handle of the op holding that name. A name
+# stays taken until its caller has seen the op finish (synchronize, or poll
+# returning True), not merely until the engine finishes it: the engine can
+# complete an op between two Python calls, and whether a repeated name was
+# refused must not depend on that timing.
+_names_in_use = {}
 
 
 class _Pending:
-    __slots__ = ("keep", "finish", "device")
+    __slots__ = ("keep", "finish", "device", "name_key")
 
-    def __init__(self, keep, finish, device):
+    def __init__(self, keep, finish, device, name_key):
         self.keep = keep
         self.finish = finish
         self.device = device  # CUDA device index of the op's tensors, -1 for host
+        self.name_key = name_key
 
 
 def _reset():
     _handle_map.clear()
     _noname_counts.clear()
+    _names_in_use.clear()
+
+
+def _release_name(handle, pending):
+    if _names_in_use.get(pending.name_key) == handle:
+        del _names_in_use[pending.name_key]
+
+
+def _forget_process_set(process_set_id):
+    """Frees the names held on a removed set (its id may be given to a new set)."""
+    for key in [k for k in _names_in_use if k[0] == process_set_id]:
+        del _names_in_use[key]
 
 
 _on_init.append(_reset)
@@ -50,11 +69,20 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     if not _core.is_initialized():
         raise ValueError(_NOT_INITIALIZED)
     full, auto = _full_name(prefix, name, process_set_id)
+    key = (process_set_id, full)
+    if key in _names_in_use:
+        raise ValueError(
+            f"{op} '{full}': an operation with this name is still in flight on rank "
+            f"{_core.rank()} (its handle has not been synchronized). Requested to allreduce, "
+            "allgather, or broadcast a tensor with the same name as another tensor that is "
+            "currently being processed. Wait for the first one (hvd.synchronize) or use a "
+            "different name.")
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
+    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
+    _names_in_use[key] = handle
     return handle
 
 
@@ -70,9 +98,13 @@ def poll(handle):
     Raises:
         ValueError: the handle is unknown or was already synchronized.
     """
-    if handle not in _handle_map:
+    pending = _handle_map.get(handle)
+    if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return _core.poll(handle)
+    done = _core.poll(handle)
+    if done:
+        _release_name(handle, pending)
+    return done
 
 
 def synchronize(handle):
@@ -100,6 +132,7 @@ def synchronize(handle):
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         _handle_map.pop(handle, None)
+        _release_name(handle, pending)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)
