@@ -92,6 +92,15 @@ void Coordinator::Add(const Request& q, Clock::time_point now) {
 }
 
 bool Coordinator::Ready(const Row& row) const {
+  if (joined_count_ > 0) {
+    // Only allreduce may run while ranks are joined, so anything else is an
+    // error however many ranks submit it: answer the first submitter now.
+    // Waiting for the rest could hang, since ranks that joined at different
+    // times have issued different numbers of unnamed ops and name them apart.
+    for (int r = 0; r < size_; ++r) {
+      if (row.have[r] && row.requests[r].op != OpType::kAllreduce) return true;
+    }
+  }
   for (int r = 0; r < size_; ++r) {
     if (!row.have[r] && !joined_[r]) return false;
   }

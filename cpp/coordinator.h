@@ -24,7 +24,8 @@ class Coordinator {
   void Add(const Request& request, Clock::time_point now);
 
   // Responses ready on every rank, in order of first arrival; a join
-  // response last once every rank has joined.
+  // response last once every rank has joined. While some rank is joined, a
+  // non-allreduce request is answered (with an error) as soon as it arrives.
   std::vector<Response> TakeReady();
 
   struct Stalled {

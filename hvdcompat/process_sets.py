@@ -226,4 +226,7 @@ def remove_process_set(process_set):
     if pid is None or pid == 0:
         return False
     process_set._invalidate()
-    return _core.remove_process_set(pid)
+    removed = _core.remove_process_set(pid)
+    from hvdcompat.ops.handles import _forget_process_set
+    _forget_process_set(pid)
+    return removed

@@ -106,7 +106,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Args:
         tensor: a contiguous CPU (or CUDA) tensor.
         average: deprecated; use ``op``.
-        name: a name unique among this rank's in-flight ops.
+        name: a name unique among this rank's in-flight ops. A name is in
+            flight until its handle has been synchronized (or :func:`poll`
+            returned True), even if the op itself already finished.
         op: hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max or hvd.Product.
         prescale_factor: multiplies each rank's input before the reduction.
         postscale_factor: multiplies the result.

@@ -13,8 +13,12 @@ _STATUS = _core.STATUS
 _handle_map = {}
 # process set id -> number of unnamed ops enqueued on it (names them).
 _noname_counts = {}
-# (process set id, full name) of named ops whose handle is not synchronized.
-_taken_names = set()
+# (process set id, full name) -> handle of the op holding that name. A name
+# stays taken until its caller has seen the op finish (synchronize, or poll
+# returning True), not merely until the engine finishes it: the engine can
+# complete an op between two Python calls, and whether a repeated name was
+# refused must not depend on that timing.
+_names_in_use = {}
 # Handles standing for several core ops (grouped ops over several dtypes):
 # negative ids -> (core handles, assemble(results) -> result).
 _composites = {}
@@ -22,19 +26,19 @@ _next_composite = [-1]
 
 
 class _Pending:
-    __slots__ = ("keep", "finish", "device", "taken")
+    __slots__ = ("keep", "finish", "device", "name_key")
 
-    def __init__(self, keep, finish, device, taken):
+    def __init__(self, keep, finish, device, name_key):
         self.keep = keep
         self.finish = finish
         self.device = device  # CUDA device index of the op's tensors, -1 for host
-        self.taken = taken
+        self.name_key = name_key
 
 
 def _reset():
     _handle_map.clear()
     _noname_counts.clear()
-    _taken_names.clear()
+    _names_in_use.clear()
     _composites.clear()
     _next_composite[0] = -1
 
@@ -45,6 +49,17 @@ def _composite(handles, assemble):
     _next_composite[0] -= 1
     _composites[cid] = (list(handles), assemble)
     return cid
+
+
+def _release_name(handle, pending):
+    if _names_in_use.get(pending.name_key) == handle:
+        del _names_in_use[pending.name_key]
+
+
+def _forget_process_set(process_set_id):
+    """Frees the names held on a removed set (its id may be given to a new set)."""
+    for key in [k for k in _names_in_use if k[0] == process_set_id]:
+        del _names_in_use[key]
 
 
 _on_init.append(_reset)
@@ -73,26 +88,20 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
                          "provided does not exist, or has not been registered. Register it "
                          "with hvd.add_process_set or hvd.init(process_sets=...).")
     full, auto = _full_name(prefix, name, process_set_id)
-    # Note [Names stay taken until synchronized]: the core frees a name when
-    # its op completes, which can be microseconds after enqueue once every
-    # rank has submitted it. Whether a second call with the same name is
-    # refused would then depend on timing; holding the name until the handle
-    # is synchronized makes the answer deterministic (Horovod's tests rely on
-    # the refusal). Unnamed ops get fresh names and need no check.
-    taken = None if auto else (process_set_id, full)
-    if taken is not None and taken in _taken_names:
+    key = (process_set_id, full)
+    if key in _names_in_use:
         raise ValueError(
-            f"{op} '{full}': Requested to allreduce, allgather, or broadcast a tensor with the "
-            "same name as another tensor that is currently being processed (its handle has "
-            "not been synchronized). Call hvd.synchronize on the first handle, or use a "
+            f"{op} '{full}': an operation with this name is still in flight on rank "
+            f"{_core.rank()} (its handle has not been synchronized). Requested to allreduce, "
+            "allgather, or broadcast a tensor with the same name as another tensor that is "
+            "currently being processed. Wait for the first one (hvd.synchronize) or use a "
             "different name.")
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    else:
-        _taken_names.add(taken)
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, taken)
+    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
+    _names_in_use[key] = handle
     return handle
 
 
@@ -110,9 +119,13 @@ def poll(handle):
     """
     if handle in _composites:
         return all(poll(h) for h in _composites[handle][0])
-    if handle not in _handle_map:
+    pending = _handle_map.get(handle)
+    if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return _core.poll(handle)
+    done = _core.poll(handle)
+    if done:
+        _release_name(handle, pending)
+    return done
 
 
 def synchronize(handle):
@@ -123,8 +136,7 @@ def synchronize(handle):
     ordered after it either way, so the output can be used at once.
 
     Returns None for handles that are unknown (already synchronized, or from
-    before the last init/shutdown). The op's name may be used again once its
-    handle has been synchronized.
+    before the last init/shutdown).
 
     Raises:
         HorovodInternalError: the op failed (ranks disagreed on it, a rank was
@@ -152,7 +164,7 @@ def synchronize(handle):
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         _handle_map.pop(handle, None)
-        _taken_names.discard(pending.taken)
+        _release_name(handle, pending)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)

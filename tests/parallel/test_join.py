@@ -136,3 +136,26 @@ def test_uneven_number_of_steps_then_join():
         assert out.tolist() == [float(still_working)] * 4
     ret = hvd.join()
     assert _agree_on(ret) == [n - 1] * n
+
+
+@pytest.mark.parametrize("op", ["allgather", "broadcast", "alltoall"])
+def test_unnamed_non_allreduce_ops_fail_while_a_rank_is_joined(op):
+    # The rank that joins first skips one unnamed op per round, so the ranks'
+    # unnamed-op counters drift apart: with 3 ranks the two callers name their
+    # op differently and each must still get the error instead of a hang.
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs a second rank")
+    t = torch.ones(2 * n, 3)
+    calls = {
+        "allgather": lambda: hvd.allgather(t),
+        "broadcast": lambda: hvd.broadcast(t, root_rank=r),
+        "alltoall": lambda: hvd.alltoall(t),
+    }
+    for first in range(n):
+        if r != first:
+            with pytest.raises(RuntimeError, match=r"hvd\.join\(\)"):
+                calls[op]()
+        hvd.join()
+    # Still usable afterwards.
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after_join").item() == n

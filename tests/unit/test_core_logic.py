@@ -136,6 +136,29 @@ def test_cached_broadcast_during_join_is_an_error_not_a_stall():
     assert errors and "hvd.join()" in errors[0]
 
 
+def test_non_allreduce_during_join_fails_without_waiting_for_other_ranks():
+    # Ranks that joined at different times have issued different numbers of
+    # unnamed ops, so the others' allgathers carry different names: each must
+    # fail on its own instead of waiting for a partner that never comes.
+    join = dict(name="join.0", op=OP["join"], shapes=[])
+    rounds = [[[join], [req("allgather.noname.1", op="allgather")],
+               [req("allgather.noname.2", op="allgather")]]]
+    results, _ = T.simulate(3, 1024, rounds)
+    for rs in results[0]:
+        errors = {r["names"][0]: r["error"] for r in rs}
+        assert set(errors) == {"allgather.noname.1", "allgather.noname.2"}
+        assert all("hvd.join()" in e for e in errors.values()), errors
+
+
+def test_allreduce_during_join_still_waits_for_every_unjoined_rank():
+    join = dict(name="join.0", op=OP["join"], shapes=[])
+    rounds = [[[join], [req("x")], []], [[], [], [req("x")]]]
+    results, _ = T.simulate(3, 1024, rounds)
+    assert results[0] == [[], [], []]
+    assert all([r["names"] for r in rs] == [["x"]] and rs[0]["error"] == ""
+               for rs in results[1])
+
+
 def test_fusion_merges_compatible_neighbours_up_to_the_threshold():
     def resp(name, n, op="allreduce", dtype="float32"):
         return dict(op=OP[op], dtype=DT[dtype], names=[name], shapes=[[[n]]])
