@@ -185,6 +185,7 @@ py::dict ConfigDict() {
   d["timeline"] = c.timeline_path;
   d["fusion_chunk_bytes"] = c.fusion_chunk_bytes;
   d["inplace_min_bytes"] = c.inplace_min_bytes;
+  d["max_call_bytes"] = c.max_call_bytes;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["gpu_operations"] = c.gpu_operations_mpi ? "MPI" : "NCCL";

@@ -21,6 +21,8 @@ VARIANTS = [
     ("test_fusion_and_cache.py", {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}),
     # Dynamic process sets enabled at launch rather than by init(process_sets="dynamic").
     ("test_process_sets.py", {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
+    # Every tensor above 4 KiB reduced in place and split into 4 KiB MPI calls.
+    ("test_allreduce.py", {"HVDCOMPAT_MAX_CALL_BYTES": "4096", "HVDCOMPAT_INPLACE_MIN_BYTES": "4096"}),
 ]
 
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))

@@ -144,6 +144,38 @@ def test_prescale_and_postscale(op_name, factors):
                     what=f"{op_name} {dtype} pre={pre} post={post}")
 
 
+@pytest.mark.parametrize("op_name", ["Sum", "Average", "Min"])
+def test_tensor_larger_than_one_mpi_call_is_split_and_exact(op_name):
+    # Tensors above HVDCOMPAT_MAX_CALL_BYTES go as several equal MPI calls;
+    # sizes that do not divide evenly check the boundaries between calls.
+    # With the default limit (16 MiB) these tensors are large, so one dtype
+    # does; tests/test_parallel_env.py runs this file with a 4 KiB limit.
+    limit = hvd.basics._core.config()["max_call_bytes"]
+    dtypes = (torch.float32, torch.int32, torch.float64) if limit <= (1 << 20) else (torch.float32,)
+    op = OPS[op_name]
+    cases = []
+    for dtype in dtypes:
+        esize = torch.tensor([], dtype=dtype).element_size()
+        per_call = limit // esize
+        for inplace, count in ((False, per_call + 1), (True, 2 * per_call + per_call // 2 + 7)):
+            xs = all_inputs((count,), dtype, ("split", op_name, dtype_id(dtype), count),
+                            lo=-8, hi=9)
+            mine = xs[hvd.rank()].clone()
+            name = f"split.{op_name}.{dtype_id(dtype)}.{count}"
+            pre, post = (0.5, 3.0) if dtype.is_floating_point else (1.0, 1.0)
+            h = (hvd.allreduce_async_ if inplace else hvd.allreduce_async)(
+                mine, op=op, name=name, prescale_factor=pre, postscale_factor=post)
+            cases.append((dtype, count, inplace, xs, mine, h, pre, post))
+    for dtype, count, inplace, xs, mine, h, pre, post in cases:
+        out = hvd.synchronize(h)
+        assert_same(out, expected_reduce(xs, dtype, op, pre, post),
+                    exact=_exact(dtype, op), what=f"{op_name} {dtype} x{count}")
+        if inplace:
+            assert out.data_ptr() == mine.data_ptr(), "in-place allreduce returned a new tensor"
+        else:
+            assert torch.equal(mine, xs[hvd.rank()]), "out-of-place allreduce changed its input"
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_16bit_floats_reduce_in_float32_and_round_once(dtype, inplace):
