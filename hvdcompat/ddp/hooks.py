@@ -19,9 +19,7 @@ returns a ``torch.futures.Future`` holding the averaged bucket. Two routes:
   Chosen otherwise: under ``torchrun`` / ``torch.distributed.launch`` the
   engine's MPI world cannot span the ranks (each process would be an MPI
   singleton; Open MPI cannot connect singletons without a shared runtime
-  server), so the reduction rides on the group DDP already has. Also chosen,
-  in ``auto`` mode, for compressed CPU buckets (Note [Half precision on the
-  engine's CPU path]).
+  server), so the reduction rides on the group DDP already has.
 
 Compression (``fp16``/``bf16``) casts the bucket for the wire after dividing
 by the world size (so the sum cannot overflow in half precision) and casts
@@ -110,19 +108,17 @@ class HookState:
     @property
     def route(self):
         """``"engine"`` or ``"process_group"`` (decided on first use; see :meth:`resolve`)."""
-        if self._route is None:
-            self.resolve(torch.device("cpu"))
-        return self._route
+        return self.resolve()
 
-    def resolve(self, device, wire_dtype=None):
-        """Decides the route (once) for buckets on `device`; returns it.
+    def resolve(self):
+        """Decides the route (once; a collective the first time) and returns it.
 
-        `wire_dtype` is what the hook puts on the wire (default: this
-        state's compression).
+        The same for every bucket: float16/bfloat16 buckets take the engine
+        too, where the CPU path reduces them in float32 with vectorised
+        conversions (faster here than gloo's native half-precision sum).
         """
         if self._route is None:
-            wire = self.wire_dtype if wire_dtype is None else wire_dtype
-            self._route, self.route_reason = self._decide(torch.device(device), wire)
+            self._route, self.route_reason = self._decide()
         return self._route
 
     def _group(self):
@@ -144,7 +140,7 @@ class HookState:
                            f"{hvd.rank()} of {hvd.size()})")
         return True, ""
 
-    def _decide(self, device, wire_dtype):
+    def _decide(self):
         if self.requested_route == "process_group":
             return "process_group", "requested"
         ok, why = self._engine_spans_group()
@@ -153,16 +149,6 @@ class HookState:
                                "to DDP's own process group.")
         if not ok:
             return "process_group", why
-        if (self.requested_route == "auto" and device.type == "cpu"
-                and wire_dtype is not None
-                and dist.get_backend(self._group()) != "hvdcompat"):
-            # Note [Half precision on the engine's CPU path]: MPI has no
-            # 16-bit float sum, so the engine widens fp16/bf16 CPU buffers to
-            # float32 for the reduction: no bytes saved on the wire, and the
-            # conversions cost more than the float32 allreduce itself. The
-            # group's own backend (gloo) reduces half precision natively.
-            return "process_group", ("compressed CPU buckets reduce faster on the process "
-                                     "group: the engine widens 16-bit floats to float32 for MPI")
         return "engine", "the processes form an MPI world that matches DDP's group"
 
     def describe(self):
@@ -259,7 +245,7 @@ def _run(state, bucket, wire_dtype):
     st = _as_state(state, wire_dtype)
     wire = st.wire_dtype if wire_dtype is None else wire_dtype
     buf = bucket.buffer()
-    if st.resolve(buf.device, wire) == "engine":
+    if st.resolve() == "engine":
         return _engine_allreduce(st, bucket, buf, wire)
     return _group_allreduce(st, bucket, buf, wire)
 
@@ -308,6 +294,6 @@ def register(model, compression="none", route="auto", fusion_threshold=None):
     """
     state = HookState(model.process_group, compression, route, fusion_threshold)
     # Decide now, on the calling thread, while every rank is here.
-    state.resolve(next(model.parameters()).device)
+    state.resolve()
     model.register_comm_hook(state, allreduce_hook)
     return state

@@ -61,8 +61,8 @@ def test_the_engine_route_is_chosen_under_mpirun():
     state = hooks.HookState()
     assert state.route == "engine", state.route_reason
     assert "hvdcompat engine" in state.describe()
-    # Compressed CPU buckets go to gloo: the engine would widen them to float32.
-    assert hooks.HookState(compression="fp16").resolve(torch.device("cpu")) == "process_group"
+    # Compressed buckets take the engine too.
+    assert hooks.HookState(compression="fp16").resolve() == "engine"
 
 
 @pytest.mark.parametrize("hook", list(TOLERANCE), ids=lambda h: h.__name__)

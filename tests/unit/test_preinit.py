@@ -49,3 +49,17 @@ def test_core_does_not_link_torch():
     libs = [line.split()[0] for line in out.splitlines() if line.strip()]
     assert any(lib.startswith("libmpi") for lib in libs), out
     assert not [lib for lib in libs if "torch" in lib or lib.startswith("libc10")], out
+
+
+def test_open_mpi_yields_while_waiting_unless_the_user_says_otherwise():
+    code = """
+        import os
+        import hvdcompat as hvd
+        print(os.environ.get('OMPI_MCA_mpi_yield_when_idle'))
+    """
+    r = _run(code)
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stdout + r.stderr
+    env = dict(mpi_env(), OMPI_MCA_mpi_yield_when_idle="0")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr
