@@ -131,14 +131,18 @@ def run(ops=None, seconds=None, seed=1234, max_inflight=8, report=print):
     deadline = time.monotonic() + seconds if seconds else None
     done = mismatches = k = 0
     last_report = time.monotonic()
+    batches = 0
     while True:
         if ops is not None and k >= ops:
             break
-        if deadline is not None and time.monotonic() >= deadline:
-            # every rank must stop at the same op: agree on it
-            stop = hvd.allreduce(torch.tensor([1]), op=hvd.Max, name="soak.stop").item()
-            if stop:
+        if deadline is not None and batches % 16 == 0:
+            # Every rank must stop after the same batch: each asks at the same
+            # batch count (the op stream is the same on every rank), and all
+            # stop once any rank's clock has passed the deadline.
+            late = int(time.monotonic() >= deadline)
+            if hvd.allreduce(torch.tensor([late]), op=hvd.Max, name="soak.stop").item():
                 break
+        batches += 1
         batch = [plan_op(rng, k + i, size) for i in range(rng.randint(1, max_inflight))]
         k += len(batch)
         names = set()

@@ -3,6 +3,8 @@
 import importlib.util
 import os
 
+import torch
+
 import hvdcompat as hvd
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -17,3 +19,12 @@ def test_short_soak_has_no_mismatches():
     assert mismatches == 0
     stats = hvd.engine_stats()
     assert stats["cache_hits"] > 0 and stats["fused_tensors"] > 0, stats
+
+
+def test_timed_soak_stops_every_rank_after_the_same_op():
+    # Deadlines that differ per rank: the ranks must still agree where to stop
+    # (a rank that stopped alone would leave the others' ops unmatched).
+    done, mismatches, _, _ = soak.run(seconds=1.0 + 0.7 * hvd.rank(), seed=hvd.size() * 11 + 3)
+    assert mismatches == 0
+    counts = hvd.allgather(torch.tensor([done]), name="soak.timed.counts").tolist()
+    assert done > 0 and len(set(counts)) == 1, f"ops run per rank: {counts}"
