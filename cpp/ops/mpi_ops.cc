@@ -86,7 +86,9 @@ void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, doubl
             [&] { ScaleCopy(out, in, n, dtype, p.pre); });
     }
     Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
-    if (post != 1.0) Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post); });
+    if (post != 1.0) {
+      Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post, op == ReduceOp::kAverage); });
+    }
   }
 }
 
@@ -129,7 +131,8 @@ void MpiBackend::ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype
     Timed("MEMCPY_OUT_FUSION_BUFFER", [&] {
       int64_t at = 0;
       for (const auto& s : segs) {
-        ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post);
+        ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post,
+                     op == ReduceOp::kAverage);
         at += s.count;
       }
     });
@@ -383,7 +386,8 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
     }
     HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(src, tensors[0].out->data, counts.data(), type, op, comm_));
     if (post != 1.0) {
-      ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post);
+      ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post,
+                r.reduce_op == ReduceOp::kAverage);
     }
     return;
   }
@@ -405,7 +409,8 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   at = 0;
   for (const auto& t : tensors) {
     int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;
-    ConvertScale(t.out->data, r.dtype, recv + at * wsize, wire, n, post);
+    ConvertScale(t.out->data, r.dtype, recv + at * wsize, wire, n, post,
+                 r.reduce_op == ReduceOp::kAverage);
     at += n;
   }
 }

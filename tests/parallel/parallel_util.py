@@ -66,13 +66,11 @@ def _acc(dtype):
 
 
 def scale(x, factor, dtype):
-    """One rank-side multiply as the engine does it: integers and float32/64 in
-    double precision, rounded once; 16-bit floats in float32."""
+    """One rank-side multiply as the engine does it, in its accumulation dtype."""
     if not dtype.is_floating_point:
         return (x.double() * factor).trunc().to(torch.int64)
-    if dtype in (torch.float32, torch.float64):
-        return (x.double() * factor).to(dtype)
-    return x.to(torch.float32) * torch.tensor(factor, dtype=torch.float32)
+    acc = _acc(dtype)
+    return x.to(acc) * torch.tensor(factor, dtype=acc)
 
 
 def expected_sum(xs, dtype, op=hvd.Sum, prescale=1.0, postscale=1.0, size=None):
@@ -82,9 +80,11 @@ def expected_sum(xs, dtype, op=hvd.Sum, prescale=1.0, postscale=1.0, size=None):
     total = sum(scale(x, prescale, dtype) for x in xs)
     if not dtype.is_floating_point:
         return (total.double() * post).trunc().to(dtype)
-    if dtype in (torch.float32, torch.float64):
+    if op == hvd.Average and dtype == torch.float32:
+        # Average's factor (postscale / size) is applied in double, rounded once.
         return (total.double() * post).to(dtype)
-    return (total.to(torch.float32) * torch.tensor(post, dtype=torch.float32)).to(dtype)
+    acc = _acc(dtype)
+    return (total.to(acc) * torch.tensor(post, dtype=acc)).to(dtype)
 
 
 def expected_reduce(xs, dtype, op, prescale=1.0, postscale=1.0, size=None):
