@@ -142,6 +142,10 @@ def main():
             print(f"{label:<28} {route:<14} {sps:>9.2f} {sps * args.batch_size * size:>10.1f} "
                   f"{sps / base:>7.2f}x")
         sys.stdout.flush()
+    # Tear down together: a rank destroying its gloo group while a peer is
+    # still printing was seen to abort ("terminate called without an active
+    # exception") under torch.distributed.launch.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -74,12 +74,13 @@ def expected(p, seed, size, rank):
                hvd.Min: stack.min(0).values, hvd.Max: stack.max(0).values}[p["reduce_op"]]
         if p["reduce_op"] == hvd.Average:
             # The engine's arithmetic: the (exact) sum times 1/size, in float64 for
-            # float64 and integers (truncated toward zero), in float32 otherwise.
-            if p["dtype"] == torch.float64 or not p["dtype"].is_floating_point:
+            # float32, float64 and integers (truncated toward zero), rounded once;
+            # in float32 for 16-bit floats.
+            if p["dtype"] in (torch.float16, torch.bfloat16):
+                red = red.float() * torch.tensor(1.0 / size, dtype=torch.float32)
+            else:
                 red = red * (1.0 / size)
                 red = red if p["dtype"].is_floating_point else torch.trunc(red)
-            else:
-                red = red.float() * torch.tensor(1.0 / size, dtype=torch.float32)
         red = red.to(p["dtype"])
         if op == "reducescatter":
             rows = red.shape[0]
