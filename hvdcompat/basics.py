@@ -21,7 +21,7 @@ _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 # Open MPI: a rank waiting inside an MPI call for a peer yields its core
 # instead of spinning on it. The engine's thread shares the cores with the
 # training threads of every rank on the node; spinning there starves the very
-# peer being waited for (ResNet-style CNN, 2 ranks on 2 cores: 190 -> 230-260
+# peer being waited for (ResNet-style CNN, 2 ranks on 2 cores: 170-197 -> 200-310
 # img/s per rank). Set before MPI starts, so it holds for mpi4py imported
 # after hvdcompat as well; OMPI_MCA_mpi_yield_when_idle=0 restores spinning.
 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
