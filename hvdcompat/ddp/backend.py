@@ -254,14 +254,18 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    def _require_world_times(self, call, big, big_role, small, small_role):
+        """ValueError unless `big` holds world_size x `small`'s elements."""
+        if big.numel() != small.numel() * self.size():
+            raise ValueError(
+                f"torch.distributed.{call} (hvdcompat backend): the {big_role} must hold "
+                f"world_size ({self.size()}) x {small_role} elements ({small.numel()}); rank "
+                f"{self.rank()} has {big.numel()}.")
+
     def _reduce_scatter_tensors(self, call, outputs, inputs, opts):
         shaped = []
         for out, inp in zip(outputs, inputs):
-            if inp.numel() != out.numel() * self.size():
-                raise ValueError(
-                    f"torch.distributed.{call} (hvdcompat backend): the input must hold "
-                    f"world_size ({self.size()}) x output elements ({out.numel()}); rank "
-                    f"{self.rank()} has {inp.numel()}.")
+            self._require_world_times(call, inp, "input", out, "output")
             shaped.append(_contiguous(inp).reshape(self.size(), out.numel()))
         return self._reduce_scatter(call, outputs, shaped, opts.reduceOp)
 
@@ -339,11 +343,7 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
 
     def _allgather_tensors(self, call, outputs, inputs):
         for out, inp in zip(outputs, inputs):
-            if out.numel() != inp.numel() * self.size():
-                raise ValueError(
-                    f"torch.distributed.{call} (hvdcompat backend): the output must hold "
-                    f"world_size ({self.size()}) x input elements ({inp.numel()}); rank "
-                    f"{self.rank()} has {out.numel()}.")
+            self._require_world_times(call, out, "output", inp, "input")
 
         def place(i, flat):
             outputs[i].copy_(flat.reshape(outputs[i].shape))
