@@ -25,6 +25,10 @@ void Scales(const Response& r, int size, double* pre, double* post) {
   if (r.reduce_op == ReduceOp::kAverage) *post /= size;
 }
 
+// Average's factor is applied to float32 in double (bit-equal to torch's
+// sum / size); user factors alone keep Horovod's rounding in the tensor's type.
+bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
+
 }  // namespace
 
 int64_t ReducescatterRows(int64_t rows, int size, int rank) {
@@ -87,7 +91,7 @@ void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, doubl
     }
     Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
     if (post != 1.0) {
-      Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post, op == ReduceOp::kAverage); });
+      Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post, PostInDouble(op)); });
     }
   }
 }
@@ -132,7 +136,7 @@ void MpiBackend::ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype
       int64_t at = 0;
       for (const auto& s : segs) {
         ConvertScale(s.piece->out + s.offset * esize, dtype, buf + at * wsize, wire, s.count, post,
-                     op == ReduceOp::kAverage);
+                     PostInDouble(op));
         at += s.count;
       }
     });
@@ -387,7 +391,7 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
     HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(src, tensors[0].out->data, counts.data(), type, op, comm_));
     if (post != 1.0) {
       ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post,
-                r.reduce_op == ReduceOp::kAverage);
+                PostInDouble(r.reduce_op));
     }
     return;
   }
@@ -410,7 +414,7 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   for (const auto& t : tensors) {
     int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;
     ConvertScale(t.out->data, r.dtype, recv + at * wsize, wire, n, post,
-                 r.reduce_op == ReduceOp::kAverage);
+                 PostInDouble(r.reduce_op));
     at += n;
   }
 }
