@@ -15,6 +15,7 @@ from hvdcompat.functions import *  # noqa: F401,F403
 from hvdcompat.functions import __all__ as _functions_all
 from hvdcompat.optimizer import DistributedOptimizer
 from hvdcompat.sync_batch_norm import SyncBatchNorm
+from hvdcompat.run_func import run  # Horovod's horovod.run
 from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule layout)
 from hvdcompat import functions, optimizer, sync_batch_norm  # noqa: F401
 
@@ -23,4 +24,4 @@ __version__ = "0.1.0"
 __all__ = (list(_basics_all) + list(_ops_all) + list(_functions_all)
            + ["DistributedOptimizer", "SyncBatchNorm", "HorovodInternalError",
               "HostsUpdatedInterrupt", "ProcessSet", "add_process_set", "global_process_set",
-              "remove_process_set"])
+              "remove_process_set", "run"])

@@ -1,0 +1,107 @@
+"""One rank of a :func:`hvdcompat.run` job.
+
+    python -m hvdcompat.run_task --driver HOST[,HOST...]:PORT [--horovod-alias]
+
+``hvdcompat.run`` starts this on every rank through mpirun. It connects to
+the driver (see Note [Run channel] in ``hvdcompat/run_channel.py``), says
+which rank it is, receives the pickled function, runs it and sends back the
+return value, or the exception and its traceback.
+
+A rank whose function raised leaves with ``os._exit(1)`` as soon as the
+report is sent: its peers may be blocked in a collective it will never join,
+and a normal exit would wait in the engine's shutdown; the non-zero exit
+makes mpirun end the whole job instead.
+"""
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+
+import cloudpickle
+
+from hvdcompat import run_channel
+
+__all__ = ["SECRET_ENV", "world_rank", "main"]
+
+# The job secret, hex; set by hvdcompat.run for its own ranks only (not a knob).
+SECRET_ENV = "HVDCOMPAT_RUN_SECRET"
+
+# Set by Open MPI (OMPI_*), any PMIx launcher (PMIX_RANK) and MPICH's Hydra (PMI_RANK).
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def world_rank(environ=None):
+    """This process's rank in the MPI world, read from the launcher's variables.
+
+    Raises:
+        RuntimeError: the process was not started by an MPI launcher.
+    """
+    environ = os.environ if environ is None else environ
+    for name in _RANK_VARS:
+        value = environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    raise RuntimeError("hvdcompat.run_task: no MPI rank in the environment (none of "
+                       + ", ".join(_RANK_VARS) + " is set); it is started by hvdcompat.run "
+                       "through mpirun, not by hand")
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m hvdcompat.run_task")
+    parser.add_argument("--driver", required=True, metavar="HOST[,HOST...]:PORT")
+    parser.add_argument("--start-timeout", type=float, default=30.0)
+    parser.add_argument("--horovod-alias", action="store_true",
+                        help="make `import horovod` resolve to hvdcompat before unpickling")
+    args = parser.parse_args(argv)
+    hosts, _, port = args.driver.rpartition(":")
+    return args, [h for h in hosts.split(",") if h], int(port)
+
+
+def _report_failure(conn, rank, exc):
+    try:
+        exc_pickle = cloudpickle.dumps(exc)
+    except Exception:  # an exception that cannot travel: its text and traceback still do
+        exc_pickle = None
+    conn.send({"kind": "error", "rank": rank, "type": type(exc).__name__, "message": str(exc),
+               "traceback": traceback.format_exc(), "exception": exc_pickle})
+
+
+def main(argv=None):
+    """Runs this rank's share of the job; returns the exit code."""
+    args, hosts, port = _parse(sys.argv[1:] if argv is None else argv)
+    secret = bytes.fromhex(os.environ.pop(SECRET_ENV, ""))
+    if not secret:
+        print(f"hvdcompat.run_task: {SECRET_ENV} is not set; this module is started by "
+              "hvdcompat.run, not by hand", file=sys.stderr)
+        return 2
+    rank = world_rank()
+    conn = run_channel.connect(hosts, port, secret, args.start_timeout)
+    conn.send({"kind": "hello", "rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
+    payload = conn.recv_bytes()
+    try:
+        if args.horovod_alias:
+            from hvdcompat import horovod_alias
+
+            horovod_alias.install()
+        func, call_args, call_kwargs = cloudpickle.loads(payload)
+        value = func(*call_args, **call_kwargs)
+        try:
+            result = cloudpickle.dumps(value)
+        except Exception as e:
+            raise TypeError(f"hvdcompat.run: the function's return value on rank {rank} "
+                            f"({type(value).__name__}) cannot be pickled: {e}") from e
+    except BaseException as e:  # SystemExit and KeyboardInterrupt are reported too
+        _report_failure(conn, rank, e)
+        conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    conn.send({"kind": "result", "rank": rank, "value": result})
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""hvdcompat.run (Horovod's horovod.run): values in rank order, a rank's exception, the parameters.
+
+The jobs run on this machine under mpirun at 2 and 3 ranks; each is bounded by
+SIGALRM, whose exception makes run() stop the job it started.
+"""
+
+import os
+import signal
+import sys
+import threading
+
+import cloudpickle
+import pytest
+import torch
+
+import hvdcompat as hvd
+from hvdcompat import run_func
+from hvdcompat.exceptions import HorovodInternalError
+from hvdcompat.run_func import RankFailedError
+from hvdcompat.run_task import world_rank
+from hvdcompat.runner import launch
+
+TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
+# Generous: ranks import torch before they connect, slowly on a loaded machine.
+START = 180
+
+# The ranks cannot import this test module; its functions travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture
+def deadline():
+    def expire(signum, frame):
+        raise TimeoutError(f"hvdcompat.run did not return within {TIMEOUT} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TIMEOUT)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def root_ok(monkeypatch):
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+
+def _rank_report(offset, scale=1):
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": total,
+            "value": offset + scale * hvd.rank()}
+
+
+def _expected(size, offset, scale=1):
+    return [{"rank": r, "size": size, "sum": size * (size + 1) / 2, "value": offset + scale * r}
+            for r in range(size)]
+
+
+def _fail_on_rank_one():
+    rank = world_rank()
+    if rank == 1:
+        raise ValueError(f"bad input on rank {rank}")
+    return rank
+
+
+def test_values_come_back_in_rank_order_with_kwargs_and_hosts(deadline, root_ok):
+    values = hvd.run(_rank_report, args=(10,), kwargs={"scale": 3}, num_proc=2,
+                     hosts="localhost:2", start_timeout=START)
+    assert values == _expected(2, 10, 3)
+
+
+def test_three_ranks(deadline, root_ok):
+    assert hvd.run(_rank_report, args=(-5,), num_proc=3, start_timeout=START) == \
+        _expected(3, -5)
+
+
+def test_exception_on_one_rank_names_it_with_its_traceback(deadline, root_ok):
+    with pytest.raises(RankFailedError) as info:
+        hvd.run(_fail_on_rank_one, num_proc=3, start_timeout=START)
+    error = info.value
+    assert isinstance(error, HorovodInternalError)
+    assert error.rank == 1 and error.failed_ranks == [1]
+    assert error.exception_type == "ValueError"
+    text = str(error)
+    assert "raised ValueError: bad input on rank 1 on rank 1 of 3" in text
+    assert "_fail_on_rank_one" in text and "traceback on rank 1" in text
+    assert "_fail_on_rank_one" in error.remote_traceback
+    assert isinstance(error.__cause__, ValueError)
+    assert str(error.__cause__) == "bad input on rank 1"
+
+
+# ---------------------------------------------------------------- no job started
+
+def _noop():
+    return None
+
+
+def test_deprecated_np_warns_and_gloo_is_refused():
+    with pytest.warns(DeprecationWarning, match="np= is deprecated, use num_proc="):
+        with pytest.raises(ValueError, match="no Gloo controller"):
+            hvd.run(_noop, np=2, use_gloo=True)
+    with pytest.raises(ValueError, match="cannot both be True"):
+        hvd.run(_noop, use_gloo=True, use_mpi=True)
+
+
+@pytest.mark.parametrize("kwargs, shown", [
+    ({"min_num_proc": 2}, "min_num_proc=2"),
+    ({"max_num_proc": 4, "slots": 2}, "max_num_proc=4, slots=2"),
+    ({"reset_limit": 1}, "reset_limit=1"),
+    ({"cooldown_range": (1, 10)}, "cooldown_range=(1, 10)"),
+])
+def test_elastic_parameters_raise_only_when_given(kwargs, shown):
+    with pytest.raises(NotImplementedError, match="elastic jobs are not available") as info:
+        hvd.run(_noop, num_proc=2, **kwargs)
+    assert shown in str(info.value)
+
+
+def test_deprecated_min_np_and_max_np_map_to_the_elastic_parameters():
+    with pytest.warns(DeprecationWarning, match="min_np= is deprecated"):
+        with pytest.raises(NotImplementedError, match=r"min_num_proc=2\b"):
+            hvd.run(_noop, min_np=2)
+    with pytest.warns(DeprecationWarning, match="max_np= is deprecated"):
+        with pytest.raises(NotImplementedError, match=r"max_num_proc=8\b"):
+            hvd.run(_noop, max_np=8)
+
+
+def test_caller_mistakes_fail_before_launching(tmp_path):
+    with pytest.raises(ValueError, match="hosts or hostfile, not both"):
+        hvd.run(_noop, hosts="localhost:2", hostfile=str(tmp_path / "h"))
+    with pytest.raises(ValueError, match="num_proc must be"):
+        hvd.run(_noop, num_proc=0)
+    with pytest.raises(TypeError, match="must be callable"):
+        hvd.run(42)
+    with pytest.raises(TypeError, match="picklable with cloudpickle"):
+        hvd.run(_noop, args=(threading.Lock(),))
+    with pytest.raises(ValueError, match="more ranks than the hosts have slots"):
+        hvd.run(_noop, num_proc=3, hosts="localhost:2")
+    with pytest.raises(ValueError, match="start_timeout must be positive"):
+        hvd.run(_noop, start_timeout=0)
+
+
+def test_parameters_become_hvdcompatrun_options():
+    parser = run_func._launcher_parser()
+    tokens = run_func._launcher_options(parser, 4, "localhost:4", None,
+                                        "--mca btl self,tcp", 2, {})
+    options = parser.parse_args(tokens)
+    assert (options.num_proc, options.hosts, options.mpi_args, options.verbose) == \
+        (4, "localhost:4", "--mca btl self,tcp", True)
+    with pytest.raises(ValueError, match="hvdcompat.run: "):
+        parser.parse_args(["--no-such-option"])  # never exits the caller's process
+
+
+def test_an_option_the_launcher_lacks_says_what_to_pass_instead():
+    bare = launch.build_parser()
+    bare._option_string_actions = {k: v for k, v in bare._option_string_actions.items()
+                                   if "ssh" not in k}
+    with pytest.raises(ValueError, match="no --ssh-port option.*mpi_args="):
+        run_func._launcher_options(bare, 2, None, None, None, None, {"ssh_port": 2222})
