@@ -24,7 +24,12 @@ import struct
 import threading
 import time
 
-__all__ = ["ChannelError", "Connection", "Listener", "connect", "new_secret", "route_address"]
+__all__ = ["SECRET_ENV", "ChannelError", "Connection", "Listener", "connect", "new_secret",
+           "route_address"]
+
+# The job secret, hex, in the ranks' environment; set by hvdcompat.run for its
+# own ranks only (not a knob).
+SECRET_ENV = "HVDCOMPAT_RUN_SECRET"
 
 _LENGTH = struct.Struct("!Q")
 _NONCE_BYTES = 32

@@ -20,7 +20,7 @@ import warnings
 
 import cloudpickle
 
-from hvdcompat import run_channel, run_task
+from hvdcompat import run_channel
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["run", "RankFailedError", "ELASTIC_PARAMETERS", "DEFAULT_START_TIMEOUT_S"]
@@ -319,7 +319,7 @@ def _plan(options, port, addresses, secret, timeout, executable, output_filename
     if _alias_active():
         command.append("--horovod-alias")
     environ = dict(os.environ)
-    environ[run_task.SECRET_ENV] = secret.hex()
+    environ[run_channel.SECRET_ENV] = secret.hex()
     environ["PYTHONPATH"] = _rank_pythonpath(environ)
     try:
         cmd, env = launch.plan_launch(options, command, environ=environ)

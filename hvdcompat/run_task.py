@@ -23,10 +23,7 @@ import cloudpickle
 
 from hvdcompat import run_channel
 
-__all__ = ["SECRET_ENV", "world_rank", "main"]
-
-# The job secret, hex; set by hvdcompat.run for its own ranks only (not a knob).
-SECRET_ENV = "HVDCOMPAT_RUN_SECRET"
+__all__ = ["world_rank", "main"]
 
 # Set by Open MPI (OMPI_*), any PMIx launcher (PMIX_RANK) and MPICH's Hydra (PMI_RANK).
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
@@ -71,9 +68,9 @@ def _report_failure(conn, rank, exc):
 def main(argv=None):
     """Runs this rank's share of the job; returns the exit code."""
     args, hosts, port = _parse(sys.argv[1:] if argv is None else argv)
-    secret = bytes.fromhex(os.environ.pop(SECRET_ENV, ""))
+    secret = bytes.fromhex(os.environ.pop(run_channel.SECRET_ENV, ""))
     if not secret:
-        print(f"hvdcompat.run_task: {SECRET_ENV} is not set; this module is started by "
+        print(f"hvdcompat.run_task: {run_channel.SECRET_ENV} is not set; this module is started by "
               "hvdcompat.run, not by hand", file=sys.stderr)
         return 2
     rank = world_rank()

@@ -200,7 +200,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if name != "horovod" and not name.startswith("horovod."):
             return None
         if name not in _served():
-            offered = ", ".join(sorted(_served()))
+            offered = ", ".join(sorted(_served() | set(_SAME_MODULE)))
             raise ModuleNotFoundError(
                 f"No module named {name!r}: hvdcompat's Horovod alias provides {offered} "
                 "(hvdcompat is Horovod for PyTorch only)", name=name)
