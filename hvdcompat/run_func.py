@@ -11,7 +11,9 @@ sends back its return value or its exception.
 """
 
 import os
+import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -43,7 +45,6 @@ _OPTION_SPELLINGS = {
     "ssh_port": ("--ssh-port", "-p"),
     "ssh_identity_file": ("--ssh-identity-file", "-i"),
     "network_interface": ("--network-interfaces", "--network-interface"),
-    "output_filename": ("--output-filename",),
 }
 # What to pass through mpi_args instead while hvdcompatrun lacks an option (Open MPI 5).
 _MPI_ARGS_HINT = {
@@ -141,7 +142,12 @@ def _deprecated(old, new, value, current, default):
 
 
 def _run_elastic(settings):
-    """Launches an elastic job; ``settings`` maps each elastic parameter given to its value."""
+    """Launches an elastic job; ``settings`` maps each elastic parameter given to its value.
+
+    The one place where run() hands over to elastic training: run() has
+    validated everything else and calls this with the elastic parameters that
+    were given (see ELASTIC_PARAMETERS).
+    """
     given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     raise NotImplementedError(
         f"hvdcompat.run({given}): elastic jobs are not available in this version of hvdcompat. "
@@ -189,8 +195,6 @@ def _driver_addresses(host_list):
             address = run_channel.route_address(host.name)
             if address and address not in found:
                 found.append(address)
-    import socket
-
     found.append(socket.getfqdn())
     return "0.0.0.0", found
 
@@ -265,12 +269,23 @@ def _stop(proc):
 
 
 def _output_filename_args(mpirun, directory):
-    from hvdcompat.runner.mpirun_command import mpi_flavor
-
-    if mpi_flavor(mpirun) != "openmpi":
+    """Open MPI's flag for per-rank output files under ``directory`` (Horovod delegates to it)."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30,
+                             errors="replace")
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        text = str(e)
+    found = re.search(r"Open MPI\)?\s+v?(\d+)\.", text)
+    if found is None:
         raise ValueError(f"hvdcompat.run(output_filename={directory!r}): only Open MPI's mpirun "
-                         f"writes per-rank output files here; {mpirun} is not Open MPI")
-    return ["--output-filename", os.fspath(directory)]
+                         f"writes per-rank output files here; {mpirun} is not Open MPI "
+                         "(leave output_filename out and redirect the output yourself)")
+    directory = os.path.abspath(os.fspath(directory))
+    # Open MPI 5: DIR/<job>/rank.N/stdout; Open MPI 4: DIR/1/rank.N/stdout.
+    if int(found.group(1)) >= 5:
+        return ["--output", f"dir={directory}"]
+    return ["--output-filename", directory]
 
 
 def _describe_missing(num_proc, hosts, results, lost, problems, code, failed_ranks=()):
@@ -387,8 +402,9 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
             (hvdcompatrun's ``--ssh-port`` / ``--ssh-identity-file``).
         disable_cache: accepted for Horovod compatibility; hvdcompat keeps
             no cache of launch checks, so it has no effect.
-        output_filename: directory for per-rank stdout/stderr files (Open
-            MPI's ``--output-filename``).
+        output_filename: directory for the ranks' output files instead of
+            this process's stdout/stderr (Open MPI only, as mpirun writes them:
+            ``DIR/<job>/rank.N/stdout`` with Open MPI 5).
         verbose: print the mpirun command before running it.
         use_gloo: must be falsy: hvdcompat has no Gloo controller.
         use_mpi: accepted (MPI is the only controller).
@@ -431,9 +447,9 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     if use_gloo:
         raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat has no Gloo controller; its "
                          "jobs always run on MPI. Leave use_gloo unset (or pass use_mpi=True).")
-    elastic = {name: value for name, value in (
-        ("min_num_proc", min_num_proc), ("max_num_proc", max_num_proc), ("slots", slots),
-        ("reset_limit", reset_limit), ("cooldown_range", cooldown_range)) if value is not None}
+    elastic = {name: value for name, value in zip(
+        ELASTIC_PARAMETERS, (min_num_proc, max_num_proc, slots, reset_limit, cooldown_range))
+        if value is not None}
     if elastic:
         return _run_elastic(elastic)
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -451,10 +467,6 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     parser = _launcher_parser()
     options = parser.parse_args(
         _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra))
-    want_output_files = output_filename is not None
-    if want_output_files and "--output-filename" in parser._option_string_actions:
-        options.output_filename = output_filename
-        want_output_files = False
     bind, addresses = _driver_addresses(_host_list(hosts, hostfile))
 
     job = _Job(num_proc, payload)
@@ -463,7 +475,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     proc = None
     try:
         cmd, env = _plan(options, listener.port, addresses, secret, timeout, executable,
-                         output_filename if want_output_files else None)
+                         output_filename)
         if verbose:
             print("hvdcompat.run: " + shlex.join(cmd), flush=True)
         listener.start()

@@ -48,6 +48,7 @@ def root_ok(monkeypatch):
 
 def _rank_report(offset, scale=1):
     hvd.init()
+    print(f"rank {hvd.rank()} reporting", flush=True)
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
     return {"rank": hvd.rank(), "size": hvd.size(), "sum": total,
             "value": offset + scale * hvd.rank()}
@@ -71,9 +72,13 @@ def test_values_come_back_in_rank_order_with_kwargs_and_hosts(deadline, root_ok)
     assert values == _expected(2, 10, 3)
 
 
-def test_three_ranks(deadline, root_ok):
-    assert hvd.run(_rank_report, args=(-5,), num_proc=3, start_timeout=START) == \
-        _expected(3, -5)
+def test_three_ranks_with_output_files(deadline, root_ok, tmp_path):
+    assert hvd.run(_rank_report, args=(-5,), num_proc=3, start_timeout=START,
+                   output_filename=tmp_path / "out") == _expected(3, -5)
+    for rank in range(3):
+        files = list((tmp_path / "out").glob(f"*/rank.{rank}/stdout"))
+        assert len(files) == 1, sorted(str(p) for p in (tmp_path / "out").rglob("*"))
+        assert f"rank {rank} reporting" in files[0].read_text()
 
 
 def test_exception_on_one_rank_names_it_with_its_traceback(deadline, root_ok):

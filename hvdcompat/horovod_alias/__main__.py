@@ -13,6 +13,8 @@ import sys
 
 from hvdcompat import horovod_alias
 
+__all__ = ["main"]
+
 _USAGE = ("usage: python -m hvdcompat.horovod_alias SCRIPT [ARGS...]\n"
           "       python -m hvdcompat.horovod_alias -m MODULE [ARGS...]\n"
           "Runs a Horovod script unchanged on hvdcompat (import horovod -> hvdcompat).")
