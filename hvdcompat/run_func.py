@@ -254,7 +254,11 @@ def _rank_pythonpath(environ):
 
 
 def _alias_active():
-    return bool(getattr(sys.modules.get("horovod"), "__hvdcompat_alias__", False))
+    """Whether `import horovod` means hvdcompat here (then it must on the ranks too)."""
+    if getattr(sys.modules.get("horovod"), "__hvdcompat_alias__", False):
+        return True
+    alias = sys.modules.get("hvdcompat.horovod_alias")
+    return alias is not None and alias.is_active()
 
 
 def _stop(proc):
