@@ -18,7 +18,7 @@ constexpr int64_t kMaxCallBytes = int64_t{1} << 30;
 
 }  // namespace
 
-AdasumMpi::AdasumMpi(MPI_Comm comm) : comm_(comm) {
+AdasumMpi::AdasumMpi(MPI_Comm comm, MPI_Comm dots_comm) : comm_(comm), dots_comm_(dots_comm) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
   while (core_size_ * 2 <= size_) core_size_ *= 2;
@@ -54,6 +54,10 @@ void AdasumMpi::SumOverGroup(int core, int level) {
     send_dots_[3 * t + 1] = dots_[t].a_sq;
     send_dots_[3 * t + 2] = dots_[t].b_sq;
   }
+  if (dots_comm_ != MPI_COMM_NULL) {
+    HVD_MPI_CHECK(dots_comm_, MPI_Allreduce(MPI_IN_PLACE, send_dots_.data(), static_cast<int>(n),
+                                            MPI_DOUBLE, MPI_SUM, dots_comm_));
+  }
   // Recursive doubling: after the step with c ^ l, the 2l ranks of that
   // sub-block hold the same sums (addition is commutative, so both partners
   // compute the same value bit for bit).
@@ -85,7 +89,7 @@ void AdasumMpi::CombineSegment(char* mine, const char* theirs, int64_t lo, int64
       dots_[t] = AdasumPartialDots(a + at, b + at, last - first, dtype);
     }
   }
-  if (level > 0) SumOverGroup(core, level);
+  if (level > 0 || dots_comm_ != MPI_COMM_NULL) SumOverGroup(core, level);
   for (size_t t = 0; t < tensors; ++t) {
     const int64_t first = slices[t].first, last = slices[t].second;
     if (last <= first) continue;
@@ -97,6 +101,13 @@ void AdasumMpi::CombineSegment(char* mine, const char* theirs, int64_t lo, int64
 }
 
 void AdasumMpi::ReduceInPlace(void* buf, DataType dtype, const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  ReduceShardInPlace(buf, dtype, counts, 0, total);
+}
+
+void AdasumMpi::ReduceShardInPlace(void* shard, DataType dtype, const std::vector<int64_t>& counts,
+                                   int64_t shard_lo, int64_t shard_n) {
   HVD_ENFORCE(dtype == DataType::kFloat32 || dtype == DataType::kFloat64,
               "Adasum reduces float32 or float64, got " << DataTypeName(dtype));
   counts_ = counts;
@@ -108,22 +119,24 @@ void AdasumMpi::ReduceInPlace(void* buf, DataType dtype, const std::vector<int64
   }
   if (size_ == 1 || total == 0) return;
   const int64_t es = static_cast<int64_t>(DataTypeSize(dtype));
-  char* data = static_cast<char*>(buf);
-  // Large enough for the fold (a whole vector) and for every level (half).
-  char* recv = recv_.Reserve(static_cast<size_t>(total * es));
+  // Element x of the buffer (shard_lo <= x < shard_lo + shard_n) is at at(x).
+  char* const data = static_cast<char*>(shard);
+  auto at = [&](int64_t x) { return data + (x - shard_lo) * es; };
+  // Large enough for the fold (a whole shard) and for every level (half).
+  char* recv = recv_.Reserve(static_cast<size_t>(std::max<int64_t>(shard_n, 1) * es));
 
   // Note [Adasum with any number of ranks]: fold the first 2E ranks in pairs.
   const bool folded = rank_ < 2 * extra_;
   int core;
   if (folded && (rank_ & 1)) {
-    Exchange(data, total * es, nullptr, 0, rank_ - 1);
-    Exchange(nullptr, 0, data, total * es, rank_ - 1);
+    Exchange(data, shard_n * es, nullptr, 0, rank_ - 1);
+    Exchange(nullptr, 0, data, shard_n * es, rank_ - 1);
     return;
   }
   if (folded) {
     core = rank_ / 2;
-    Exchange(nullptr, 0, recv, total * es, rank_ + 1);
-    CombineSegment(data, recv, 0, total, /*mine_left=*/true, core, /*level=*/0, dtype);
+    Exchange(nullptr, 0, recv, shard_n * es, rank_ + 1);
+    CombineSegment(data, recv, shard_lo, shard_n, /*mine_left=*/true, core, /*level=*/0, dtype);
   } else {
     core = rank_ - extra_;
   }
@@ -133,16 +146,16 @@ void AdasumMpi::ReduceInPlace(void* buf, DataType dtype, const std::vector<int64
     int64_t lo, n;
   };
   std::vector<Segment> parents;
-  int64_t lo = 0, n = total;
+  int64_t lo = shard_lo, n = shard_n;
   for (int level = 1; level < core_size_; level <<= 1) {
     const bool left = (core & level) == 0;
     const int64_t first_half = n / 2;
     const int64_t keep_lo = left ? lo : lo + first_half;
     const int64_t keep_n = left ? first_half : n - first_half;
     const int64_t give_lo = left ? lo + first_half : lo;
-    Exchange(data + give_lo * es, (n - keep_n) * es, recv, keep_n * es, CommRank(core ^ level));
+    Exchange(at(give_lo), (n - keep_n) * es, recv, keep_n * es, CommRank(core ^ level));
     parents.push_back({lo, n});
-    CombineSegment(data + keep_lo * es, recv, keep_lo, keep_n, left, core, level, dtype);
+    CombineSegment(at(keep_lo), recv, keep_lo, keep_n, left, core, level, dtype);
     lo = keep_lo;
     n = keep_n;
   }
@@ -151,12 +164,11 @@ void AdasumMpi::ReduceInPlace(void* buf, DataType dtype, const std::vector<int64
     parents.pop_back();
     const bool left = (core & level) == 0;
     const int64_t other_lo = left ? parent.lo + parent.n / 2 : parent.lo;
-    Exchange(data + lo * es, n * es, data + other_lo * es, (parent.n - n) * es,
-             CommRank(core ^ level));
+    Exchange(at(lo), n * es, at(other_lo), (parent.n - n) * es, CommRank(core ^ level));
     lo = parent.lo;
     n = parent.n;
   }
-  if (folded) Exchange(data, total * es, nullptr, 0, rank_ + 1);
+  if (folded) Exchange(data, shard_n * es, nullptr, 0, rank_ + 1);
 }
 
 void AdasumMpi::Allreduce(const Response& r, std::vector<ExecUnit>& units) {

@@ -53,11 +53,23 @@ namespace hvdcompat {
 // communicator must call the same reductions in the same order.
 class AdasumMpi {
  public:
-  explicit AdasumMpi(MPI_Comm comm);
+  // `dots_comm`: see ReduceShardInPlace; MPI_COMM_NULL when every rank of
+  // `comm` holds whole vectors. Neither communicator is owned.
+  explicit AdasumMpi(MPI_Comm comm, MPI_Comm dots_comm = MPI_COMM_NULL);
 
   // Reduces `buf` in place on every rank: `counts[i]` elements of tensor i,
   // back to back, of `dtype` (float32 or float64). Throws on MPI failure.
   void ReduceInPlace(void* buf, DataType dtype, const std::vector<int64_t>& counts);
+
+  // The same on a shard: `shard` holds elements [lo, lo + n) of such a
+  // buffer (every rank of `comm` the same range), and the other shards are
+  // reduced at the same time by the ranks of `dots_comm` (each with a
+  // communicator like `comm` of its own). Partial dot products are summed
+  // over `dots_comm` first, so every tensor still gets the coefficients of
+  // the whole tensor. This is the cross-node step of the GPU Adasum (Note
+  // [GPU Adasum], ops/nccl_ops.h).
+  void ReduceShardInPlace(void* shard, DataType dtype, const std::vector<int64_t>& counts,
+                          int64_t lo, int64_t n);
 
   // A negotiated (possibly fused) host allreduce with op Adasum: prescale,
   // widen float16/bfloat16 to float32, reduce, narrow, postscale. A joined
@@ -68,16 +80,18 @@ class AdasumMpi {
   // Communicator rank of core rank `core` (Note [Adasum with any number of ranks]).
   int CommRank(int core) const;
   void Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer);
-  // Sums dots_ over the 2 * level core ranks that share this rank's group.
+  // Sums dots_ over dots_comm_, then over the 2 * level core ranks that
+  // share this rank's group (level 0: over dots_comm_ only).
   void SumOverGroup(int core, int level);
   // Combines this rank's segment [lo, lo + n) of `mine` with `theirs` (the
   // partner's copy of the same segment) for every tensor it intersects;
-  // `mine_left`: this rank's data is the left operand. `level` 0: the
-  // segment is whole and needs no group sum.
+  // `mine_left`: this rank's data is the left operand. `level` 0: the fold,
+  // no group beyond dots_comm_.
   void CombineSegment(char* mine, const char* theirs, int64_t lo, int64_t n, bool mine_left,
                       int core, int level, DataType dtype);
 
   MPI_Comm comm_;
+  MPI_Comm dots_comm_;
   int rank_ = 0;
   int size_ = 1;
   int core_size_ = 1;  // the largest power of two <= size_
