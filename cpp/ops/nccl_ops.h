@@ -52,6 +52,8 @@ namespace hvdcompat {
 // result. On one node that is the node's average; with one rank per node it
 // is the host Adasum over every rank. Nodes must run the same number of
 // ranks; any number of nodes works (Note [Adasum with any number of ranks]).
+// Where NCCL cannot carry the dtype (bfloat16 before 2.10.3) the response
+// goes to the host-staged backend, which runs Adasum over every rank.
 class NcclBackend : public CollectiveBackend {
  public:
   // `fallback` runs the responses NCCL cannot (owned here).
