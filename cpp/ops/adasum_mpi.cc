@@ -122,11 +122,11 @@ void AdasumMpi::ReduceShardInPlace(void* shard, DataType dtype, const std::vecto
   // Element x of the buffer (shard_lo <= x < shard_lo + shard_n) is at at(x).
   char* const data = static_cast<char*>(shard);
   auto at = [&](int64_t x) { return data + (x - shard_lo) * es; };
-  // Large enough for the fold (a whole shard) and for every level (half).
-  char* recv = recv_.Reserve(static_cast<size_t>(std::max<int64_t>(shard_n, 1) * es));
-
   // Note [Adasum with any number of ranks]: fold the first 2E ranks in pairs.
   const bool folded = rank_ < 2 * extra_;
+  // The fold receives a whole shard; a level at most the larger half.
+  const int64_t recv_n = folded ? shard_n : shard_n - shard_n / 2;
+  char* recv = recv_.Reserve(static_cast<size_t>(std::max<int64_t>(recv_n, 1) * es));
   int core;
   if (folded && (rank_ & 1)) {
     Exchange(data, shard_n * es, nullptr, 0, rank_ - 1);
