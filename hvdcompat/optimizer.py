@@ -27,9 +27,10 @@ import weakref
 
 import torch
 
+from hvdcompat.adasum_optimizer import adasum_class
 from hvdcompat.basics import Adasum, Average, size
 from hvdcompat.functions import broadcast_object
-from hvdcompat.ops.collectives import allreduce_async_
+from hvdcompat.ops.collectives import AdasumProcessSetError, allreduce_async_
 from hvdcompat.ops.compression import Compression
 from hvdcompat.ops.grouped import grouped_allreduce_async_
 from hvdcompat.ops.handles import synchronize as _wait
@@ -472,6 +473,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         backward_passes_per_step: backward passes accumulated locally
             before each allreduce (gradients are summed over the passes).
         op: ``hvd.Average`` (default) or ``hvd.Sum`` (also Min, Max, Product).
+            ``hvd.Adasum`` makes it a delta optimizer (Note [Delta optimizer]
+            in ``hvdcompat/adasum_optimizer.py``): each rank steps locally and
+            the updates are combined by Adasum; only `named_parameters`,
+            `compression` and `backward_passes_per_step` apply then.
         gradient_predivide_factor: with Average, gradients are multiplied by
             ``1/f`` before the sum and by ``f/size`` after (guards fp16 range).
         num_groups: deprecated; use ``groups``.
@@ -488,7 +493,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Raises:
         ValueError: bad argument, duplicate or missing parameter names (the
             message lists the unnamed parameters).
-        NotImplementedError: ``op=hvd.Adasum`` with more than one rank.
+        AdasumProcessSetError: ``op=hvd.Adasum`` with a process set other
+            than the global one (a ValueError and a NotImplementedError).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -506,10 +512,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if op == Adasum and size() > 1:
-        raise NotImplementedError(
-            "DistributedOptimizer(op=hvd.Adasum) is not implemented by hvdcompat yet; use "
-            "op=hvd.Average (the default) or hvd.Sum.")
+        return _adasum_optimizer(optimizer, named_parameters, compression,
+                                 backward_passes_per_step, process_set)
     cls = _distributed_class(type(optimizer))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
                optimizer.defaults, optimizer.state)
+
+
+def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                      process_set):
+    if process_set.process_set_id not in (None, 0):
+        raise AdasumProcessSetError(
+            "DistributedOptimizer(op=hvd.Adasum): Adasum does not support non-global process "
+            f"sets (got process set {process_set.process_set_id} with ranks "
+            f"{process_set.ranks}). Use process_set=hvd.global_process_set, or op=hvd.Average "
+            "on this set.")
+    key = tuple(global_process_set.ranks)
+    index = _optimizers_per_set.get(key, 0)
+    _optimizers_per_set[key] = index + 1
+    cls = adasum_class(type(optimizer), vars(_DistributedOptimizer))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               optimizer.defaults, optimizer.state, f"optimizer{index}." if index else "")

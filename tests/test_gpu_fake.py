@@ -67,3 +67,10 @@ def test_nccl_rejects_two_ranks_on_one_gpu(fake_lib, tmp_path):
 def test_async_nccl_error_aborts_instead_of_hanging(fake_lib, tmp_path):
     result = _launch(fake_lib, tmp_path, 2, mode="async_error", FAKE_NCCL_FAIL_AFTER=0)
     assert "was aborted" in result.output
+
+
+def test_adasum_node_average_then_across_nodes(fake_lib, tmp_path):
+    # Note [GPU Adasum] on 3 "nodes" of 2 ranks: node-local reduce-scatter and allgather, the
+    # cross-node tree with its fold of the third node, dot products summed over each node.
+    _launch(fake_lib, tmp_path, 6, mode="adasum", HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE=2,
+            FAKE_CUDA_DEVICE_COUNT=6)

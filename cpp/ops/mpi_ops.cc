@@ -40,7 +40,8 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
       ops_(ops),
       chunk_bytes_(config.fusion_chunk_bytes),
       inplace_min_bytes_(config.inplace_min_bytes),
-      max_call_bytes_(config.max_call_bytes) {
+      max_call_bytes_(config.max_call_bytes),
+      adasum_(comm) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
 }
@@ -144,6 +145,9 @@ void MpiBackend::ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype
 }
 
 void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
+  if (r.reduce_op == ReduceOp::kAdasum) {
+    return Timed("MPI_ADASUM_ALLREDUCE", [&] { adasum_.Allreduce(r, units); });
+  }
   const size_t esize = DataTypeSize(r.dtype);
   double pre, post;
   Scales(r, size_, &pre, &post);

@@ -8,6 +8,7 @@
 #include "env.h"
 #include "fusion.h"
 #include "mpi_util.h"
+#include "ops/adasum_mpi.h"
 #include "ops/backend.h"
 
 namespace hvdcompat {
@@ -62,6 +63,7 @@ class MpiBackend : public CollectiveBackend {
   int64_t chunk_bytes_;
   int64_t inplace_min_bytes_;
   int64_t max_call_bytes_;
+  AdasumMpi adasum_;  // op Adasum (Note [Adasum])
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;

@@ -137,20 +137,23 @@ void NcclBackend::Setup() {
   ready_ = true;
 }
 
-void NcclBackend::SetupHierarchy() {
+void NcclBackend::SplitNodes() {
+  if (local_mpi_ != MPI_COMM_NULL) return;
   const int per_node = static_cast<int>(config_.hierarchical_local_size);
-  if (local_mpi_ == MPI_COMM_NULL) {
-    if (per_node > 0) {
-      HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, rank_ / per_node, rank_, &local_mpi_));
-    } else {
-      HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_,
-                                               MPI_INFO_NULL, &local_mpi_));
-    }
-    HVD_MPI_CHECK(local_mpi_, MPI_Comm_rank(local_mpi_, &local_rank_));
-    HVD_MPI_CHECK(local_mpi_, MPI_Comm_size(local_mpi_, &local_size_));
-    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_mpi_));
-    HVD_MPI_CHECK(cross_mpi_, MPI_Comm_size(cross_mpi_, &cross_size_));
+  if (per_node > 0) {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, rank_ / per_node, rank_, &local_mpi_));
+  } else {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_,
+                                             MPI_INFO_NULL, &local_mpi_));
   }
+  HVD_MPI_CHECK(local_mpi_, MPI_Comm_rank(local_mpi_, &local_rank_));
+  HVD_MPI_CHECK(local_mpi_, MPI_Comm_size(local_mpi_, &local_size_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_mpi_));
+  HVD_MPI_CHECK(cross_mpi_, MPI_Comm_size(cross_mpi_, &cross_size_));
+}
+
+void NcclBackend::SetupHierarchy() {
+  SplitNodes();
   int sizes[2] = {local_size_, -local_size_};
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
   const bool homogeneous = sizes[0] == -sizes[1];
@@ -180,6 +183,11 @@ NcclReducePlan NcclBackend::Plan(const Response& r, bool hierarchical) const {
 bool NcclBackend::Supports(const Response& r) const {
   switch (r.op) {
     case OpType::kAllreduce:
+      if (r.reduce_op == ReduceOp::kAdasum) {
+        ncclDataType_t type;
+        return NcclReduceType(r.dtype, version_, &type);
+      }
+      return Plan(r, false).supported;
     case OpType::kReducescatter:
       return Plan(r, false).supported;
     case OpType::kAllgather:
@@ -204,7 +212,13 @@ void NcclBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
     if (u.entry && u.entry->ready) u.entry->ready->MakeStreamWait(lane.stream);
   }
   switch (r.op) {
-    case OpType::kAllreduce: Allreduce(r, units, lane); break;
+    case OpType::kAllreduce:
+      if (r.reduce_op == ReduceOp::kAdasum) {
+        AdasumAllreduce(r, units, lane);
+      } else {
+        Allreduce(r, units, lane);
+      }
+      break;
     case OpType::kBroadcast: Broadcast(r, units, lane); break;
     case OpType::kAllgather: Allgather(r, units, lane); break;
     case OpType::kAlltoall: Alltoall(r, units, lane); break;

@@ -12,6 +12,7 @@
 #include "gpu/gpu_context.h"
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
+#include "ops/adasum_mpi.h"
 #include "ops/backend.h"
 
 namespace hvdcompat {
@@ -37,6 +38,22 @@ namespace hvdcompat {
 // sum(x), computed by ncclAvg or a PreMulSum operator, so no kernel of our
 // own is needed. With PreMulSum the scalar is rounded to the tensor's dtype,
 // as ncclAvg does, so float16/bfloat16 averages carry one extra rounding.
+//
+// Note [GPU Adasum]
+// op=Adasum on CUDA buffers keeps Horovod's shape: inside each node the
+// ranks' tensors are summed by an NCCL reduce-scatter (each rank gets 1/L of
+// the padded fused buffer, L ranks per node), every rank copies its shard to
+// host memory, scales it by prescale * postscale / L (the node's average;
+// Adasum's coefficients do not change when both operands are scaled), and
+// the ranks holding the same shard on different nodes combine it by Adasum
+// (ops/adasum_mpi.h: the cross-node communicator, with partial dot products
+// also summed over the node's ranks, so each tensor's coefficients are those
+// of the whole tensor); an NCCL allgather inside the node reassembles the
+// result. On one node that is the node's average; with one rank per node it
+// is the host Adasum over every rank. Nodes must run the same number of
+// ranks; any number of nodes works (Note [Adasum with any number of ranks]).
+// Where NCCL cannot carry the dtype (bfloat16 before 2.10.3) the response
+// goes to the host-staged backend, which runs Adasum over every rank.
 class NcclBackend : public CollectiveBackend {
  public:
   // `fallback` runs the responses NCCL cannot (owned here).
@@ -67,6 +84,10 @@ class NcclBackend : public CollectiveBackend {
   NcclReducePlan Plan(const Response& r, bool hierarchical) const;
 
   void Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // Note [GPU Adasum] (ops/nccl_adasum.cc).
+  void AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // local_mpi_ / cross_mpi_ from the node layout (collective over the set; once).
+  void SplitNodes();
   void HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
                              int64_t padded, Lane& lane);
   void JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane);
@@ -97,6 +118,12 @@ class NcclBackend : public CollectiveBackend {
   int local_rank_ = 0;
   int local_size_ = 1;
   int cross_size_ = 1;
+
+  // GPU Adasum: the cross-node reduction and its host memory.
+  std::unique_ptr<AdasumMpi> adasum_;
+  bool nodes_even_ = false;  // every node runs the same number of ranks
+  PinnedScratch adasum_pinned_;
+  HostScratch adasum_wide_;
 };
 
 }  // namespace hvdcompat

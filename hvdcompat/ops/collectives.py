@@ -60,14 +60,39 @@ def _set_rank_size(process_set, op):
     return r, len(ranks)
 
 
-def _check_reduce_op(op, op_name, name, tensors):
+_ADASUM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class AdasumProcessSetError(ValueError, NotImplementedError):
+    """Adasum on a process set other than the global one.
+
+    A ValueError (the caller's mistake) and, as in Horovod, a NotImplementedError.
+    """
+
+
+def _check_adasum(op_name, name, tensors, process_set):
+    """Adasum's own rules: floating dtypes only, global process set only."""
+    for t in tensors:
+        _tensor.require_tensor(t, op_name, name)
+        if t.dtype not in _ADASUM_DTYPES:
+            raise _tensor.UnsupportedDtypeError(
+                f"{op_name} '{name}'{_tensor._where()}: op=hvd.Adasum reduces float16, bfloat16, "
+                f"float32 and float64 tensors, not {t.dtype}. Cast the tensor to a floating "
+                "dtype (e.g. tensor.float()) or use op=hvd.Sum / hvd.Average.")
+    if process_set is not None and process_set.process_set_id not in (None, 0):
+        raise AdasumProcessSetError(
+            f"{op_name} '{name}'{_tensor._where()}: Adasum does not support non-global process "
+            f"sets (got process set {process_set.process_set_id} with ranks "
+            f"{process_set.ranks}). Run op=hvd.Adasum on hvd.global_process_set, or use "
+            "op=hvd.Average / hvd.Sum on this set.")
+
+
+def _check_reduce_op(op, op_name, name, tensors, process_set=None):
     if op not in _VALID_OPS:
         raise ValueError(f"{op_name} '{name}': unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
-                         "hvd.Min, hvd.Max or hvd.Product")
+                         "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
     if op == Adasum:
-        raise NotImplementedError(
-            f"{op_name} '{name}': op=hvd.Adasum is not implemented by hvdcompat yet. Use "
-            "op=hvd.Average (or hvd.Sum).")
+        _check_adasum(op_name, name, tensors, process_set)
     for t in tensors:
         _tensor.require_tensor(t, op_name, name)
         if t.dtype == torch.bool and op not in (Min, Max):
@@ -88,7 +113,7 @@ def _describe_all(tensors, op_name, name):
 def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
                      prefix, finish):
     op_name = prefix
-    _check_reduce_op(op, op_name, name, tensors)
+    _check_reduce_op(op, op_name, name, tensors, process_set)
     ins = _describe_all(tensors, op_name, name)
     outs = ins if outputs is tensors else _describe_all(outputs, op_name, name)
     return _enqueue("allreduce", prefix, name, process_set.process_set_id, ins, outs, finish,
@@ -109,7 +134,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         name: a name unique among this rank's in-flight ops. A name is in
             flight until its handle has been synchronized (or :func:`poll`
             returned True), even if the op itself already finished.
-        op: hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max or hvd.Product.
+        op: hvd.Average (default), hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max or
+            hvd.Product. hvd.Adasum (floating dtypes, global process set only)
+            combines ranks pairwise in a binary tree of rank order (see the
+            README's Adasum section).
         prescale_factor: multiplies each rank's input before the reduction.
         postscale_factor: multiplies the result.
         process_set: ranks to reduce over (default: all).
@@ -120,7 +148,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Raises:
         ValueError: bad input (non-contiguous, duplicate in-flight name, not a
             member of the process set, ...); nothing is enqueued.
-        TypeError: unsupported dtype.
+        TypeError: unsupported dtype (for hvd.Adasum: anything but float16,
+            bfloat16, float32 and float64).
     """
     op = handle_average_backwards_compatibility(op, average)
     output = _tensor.empty_like_contiguous(tensor, op="allreduce", name=name)
@@ -267,8 +296,10 @@ def _reducescatter_shape(tensor, set_rank, set_size):
 
 def _check_reducescatter(tensors, op, name):
     if op == Adasum:
-        raise NotImplementedError(f"reducescatter '{name}': op=hvd.Adasum is not supported; use "
-                                  "hvd.Average or hvd.Sum.")
+        # As in Horovod: Adasum is an allreduce-only algorithm.
+        raise NotImplementedError(f"reducescatter '{name}': Reducescatter does not support "
+                                  "Adasum; use op=hvd.Average or hvd.Sum (or allreduce with "
+                                  "op=hvd.Adasum).")
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             raise ValueError(f"reducescatter '{name}': Reducescatter does not support scalar "

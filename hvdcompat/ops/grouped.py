@@ -62,6 +62,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         A handle; :func:`synchronize` returns a tuple of outputs.
     """
     op = handle_average_backwards_compatibility(op, average)
+    tensors = _as_list(tensors, "grouped_allreduce")
+    # Before any per-dtype part is launched, so a bad tensor leaves none in flight.
+    _check_reduce_op(op, "grouped_allreduce", name, tensors, process_set)
 
     def launch(ts, nm):
         outputs = [_tensor.empty_like_contiguous(t, op="grouped_allreduce", name=nm) for t in ts]
@@ -69,19 +72,21 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                 process_set, "grouped_allreduce",
                                 lambda o, s, j: tuple(outputs))
 
-    return _per_dtype(_as_list(tensors, "grouped_allreduce"), name, launch)
+    return _per_dtype(tensors, name, launch)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce_async`."""
     op = handle_average_backwards_compatibility(op, average)
+    tensors = _as_list(tensors, "grouped_allreduce")
+    _check_reduce_op(op, "grouped_allreduce", name, tensors, process_set)
 
     def launch(ts, nm):
         return _allreduce_async(ts, ts, nm, op, prescale_factor, postscale_factor, process_set,
                                 "grouped_allreduce", lambda o, s, j: tuple(ts))
 
-    return _per_dtype(_as_list(tensors, "grouped_allreduce"), name, launch)
+    return _per_dtype(tensors, name, launch)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import hvdcompat as hvd
-from hvdcompat.basics import Average, Max, Min, Product, Sum, _core
+from hvdcompat.basics import Adasum, Average, Max, Min, Product, Sum, _core
 
 MODE = os.environ.get("CHECK_MODE", "full")
 FAKE = ctypes.CDLL(os.environ["HVDCOMPAT_NCCL_LIB"])
@@ -358,6 +358,59 @@ def check_join():
     assert hvd.join() < last
 
 
+def _adasum_pair(a, b):
+    dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+    ca = 1.0 - dot / aa * 0.5 if aa >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
+    cb = 1.0 - dot / bb * 0.5 if bb >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
+    return ca * a + cb * b
+
+
+def _adasum_tree(vs):
+    """The rank-order tree with the fold of the first 2E leaves (README, Adasum)."""
+    p = 1 << (len(vs).bit_length() - 1)
+    e = len(vs) - p
+    level = [_adasum_pair(vs[2 * i], vs[2 * i + 1]) for i in range(e)] + vs[2 * e:]
+    while len(level) > 1:
+        level = [_adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def check_adasum():
+    """Note [GPU Adasum]: node averages (NCCL) combined across nodes by Adasum (host)."""
+    per_node = int(os.environ.get("HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE", "0")) or SIZE
+    nodes = [list(range(k, k + per_node)) for k in range(0, SIZE, per_node)]
+
+    def inputs(n, r, k):
+        g = np.random.default_rng(1000 * k + r)
+        return g.uniform(-1.0, 1.0, n) * (k + 1)
+
+    before = stats()
+    for dtype in ["float32", "float64", "float16", "bfloat16"]:
+        sizes = [1, 33, 5, 0, 300]  # one fused response: coefficients stay per tensor
+        xs = [make(inputs(n, RANK, k), dtype) for k, n in enumerate(sizes)]
+        outs = [np.zeros_like(x) for x in xs]
+        pre, post = 0.5, 3.0
+        finish(enqueue("allreduce", "adasum", [d(x, dtype) for x in xs],
+                       [d(o, dtype) for o in outs], Adasum, pre=pre, post=post))
+        for k, (n, out) in enumerate(zip(sizes, outs)):
+            if n == 0:
+                continue
+            per_rank = [values_of(make(inputs(n, r, k), dtype), dtype) for r in range(SIZE)]
+            averages = [np.mean([per_rank[r] for r in node], axis=0) for node in nodes]
+            want = _adasum_tree(averages) * pre * post
+            # 16-bit node sums are rounded by NCCL before Adasum: relative to the tensor's scale.
+            tol = {"float32": 1e-5, "float64": 1e-12, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
+            err = np.abs(values_of(out, dtype) - want).max()
+            assert err <= tol * np.abs(want).max(), (
+                f"Adasum tensor {k} ({len(nodes)} nodes of {per_node}) [{dtype}, rank {RANK}]: "
+                f"max error {err} > {tol} x {np.abs(want).max()}\n got {values_of(out, dtype)}\n"
+                f" want {want}")
+    after = stats()
+    if per_node > 1:
+        assert after["reducescatters"] > before["reducescatters"], "no node-local reduce-scatter"
+        assert after["allgathers"] > before["allgathers"], "no node-local allgather"
+
+
 def run_full():
     check_allreduce_every_dtype()
     check_wrong_device()  # after the first op bound this rank's device
@@ -409,6 +462,8 @@ def run_duplicate_device():
 
 if MODE == "async_error":
     run_async_error()
+elif MODE == "adasum":
+    check_adasum()
 elif MODE == "duplicate":
     run_duplicate_device()
 else:

@@ -108,14 +108,13 @@ def test_bad_arguments(kwargs, exc, text):
         hvd.DistributedOptimizer(sgd(model.parameters()), **kwargs)
 
 
-def test_adasum_is_explained_and_double_wrapping_refused():
+def test_double_wrapping_refused_also_for_adasum():
     model = mlp(17)
-    if hvd.size() > 1:
-        with pytest.raises(NotImplementedError, match="Adasum"):
-            hvd.DistributedOptimizer(sgd(model.parameters()), op=hvd.Adasum)
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()))
-    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
-        hvd.DistributedOptimizer(opt)
+    for op in (hvd.Average, hvd.Adasum):
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()), op=op)
+        assert isinstance(opt, torch.optim.SGD)
+        with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+            hvd.DistributedOptimizer(opt)
 
 
 def _heads(seed):

@@ -1,0 +1,118 @@
+// NcclBackend's Adasum allreduce: Note [GPU Adasum] (ops/nccl_ops.h).
+#include <cstring>
+
+#include "cpu_kernels.h"
+#include "gpu/gpu_check.h"
+#include "gpu/gpu_library.h"
+#include "mpi_util.h"
+#include "ops/nccl_ops.h"
+
+namespace hvdcompat {
+
+void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  const CudaApi& cuda = Cuda();
+  if (!adasum_) {
+    // Collective over the set: every rank reaches its first Adasum response together.
+    SplitNodes();
+    int sizes[2] = {local_size_, -local_size_};
+    HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
+    nodes_even_ = sizes[0] == -sizes[1];
+    adasum_ = std::make_unique<AdasumMpi>(cross_mpi_,
+                                          local_size_ > 1 ? local_mpi_ : MPI_COMM_NULL);
+  }
+  if (!nodes_even_) {
+    throw InvalidArgument(
+        "allreduce '" + r.units[0].name + "' (op=hvd.Adasum, CUDA tensors): Adasum on GPUs "
+        "needs the same number of ranks on every node, but this job's nodes run different "
+        "numbers (this rank's node: " + std::to_string(local_size_) + "). Launch the same "
+        "number of ranks per node, or set HOROVOD_GPU_OPERATIONS=MPI to run Adasum over every "
+        "rank through host memory.");
+  }
+  if (local_size_ > 1 && !lane.local) {
+    // Collective over the node (its ranks use the lanes in the same order).
+    lane.local = std::make_shared<NcclComm>(local_mpi_, device_,
+                                            "node-local NCCL communicator (Adasum)");
+    lane.sources.push_back(lane.local);
+  }
+  ncclDataType_t type;
+  HVD_ENFORCE(NcclReduceType(r.dtype, version_, &type), "no NCCL type");
+  const size_t esize = DataTypeSize(r.dtype);
+  struct Piece {
+    const char* in;  // null on a joined rank: zeros, Adasum's identity
+    char* out;
+    int64_t count;
+  };
+  std::vector<Piece> pieces;
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (auto& u : units) {
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const int64_t count = ShapeElements(u.unit->shapes[t]);
+      if (u.entry) {
+        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
+                          static_cast<char*>(u.entry->outputs[t].data), count});
+      } else {
+        pieces.push_back({nullptr, nullptr, count});
+      }
+      counts.push_back(count);
+      total += count;
+    }
+  }
+  if (total == 0) return;
+  // Every node rank gets an equal shard; the padding belongs to no tensor.
+  const int64_t padded = (total + local_size_ - 1) / local_size_ * local_size_;
+  const int64_t chunk = padded / local_size_;
+  char* buf = lane.fusion.Reserve(static_cast<size_t>(padded) * esize, device_, lane.stream);
+  int64_t at = 0;
+  for (const auto& p : pieces) {
+    const size_t bytes = static_cast<size_t>(p.count) * esize;
+    if (p.in) {
+      CopyDevice(buf + at * esize, p.in, bytes, lane);
+    } else if (bytes) {
+      HVD_CUDA_CHECK(cuda.MemsetAsync(buf + at * esize, 0, bytes, lane.stream));
+    }
+    at += p.count;
+  }
+  if (padded > total) {
+    HVD_CUDA_CHECK(cuda.MemsetAsync(buf + total * esize, 0,
+                                    static_cast<size_t>(padded - total) * esize, lane.stream));
+  }
+  char* mine = buf + static_cast<size_t>(local_rank_ * chunk) * esize;
+  if (local_size_ > 1) {
+    NcclComm::Launch launch(*lane.local);
+    HVD_NCCL_CHECK(launch.get(), nccl.ReduceScatter(buf, mine, static_cast<size_t>(chunk), type,
+                                                    ncclSum, launch.get(), lane.stream));
+  }
+  // Across nodes, on the host.
+  const size_t shard_bytes = static_cast<size_t>(chunk) * esize;
+  char* host = adasum_pinned_.Reserve(std::max<size_t>(shard_bytes, 1));
+  HVD_CUDA_CHECK(cuda.MemcpyAsync(host, mine, shard_bytes, cudaMemcpyDeviceToHost, lane.stream));
+  HVD_CUDA_CHECK(cuda.StreamSynchronize(lane.stream));
+  const DataType wire = HostReduceType(r.dtype);
+  const double factor = r.prescale * r.postscale / local_size_;
+  char* work = host;
+  if (wire != r.dtype) {
+    work = adasum_wide_.Reserve(std::max<size_t>(static_cast<size_t>(chunk) * DataTypeSize(wire), 1));
+    ConvertScale(work, wire, host, r.dtype, chunk, factor);
+  } else {
+    ScaleCopy(host, host, chunk, r.dtype, factor);
+  }
+  adasum_->ReduceShardInPlace(work, wire, counts, local_rank_ * chunk, chunk);
+  if (wire != r.dtype) ConvertScale(host, r.dtype, work, wire, chunk, 1.0);
+  HVD_CUDA_CHECK(cuda.MemcpyAsync(mine, host, shard_bytes, cudaMemcpyHostToDevice, lane.stream));
+  // The page-locked buffer is reused by the next Adasum, perhaps on another lane.
+  HVD_CUDA_CHECK(cuda.StreamSynchronize(lane.stream));
+  if (local_size_ > 1) {
+    NcclComm::Launch launch(*lane.local);
+    HVD_NCCL_CHECK(launch.get(), nccl.AllGather(mine, buf, static_cast<size_t>(chunk), type,
+                                                launch.get(), lane.stream));
+  }
+  at = 0;
+  for (const auto& p : pieces) {
+    if (p.out) CopyDevice(p.out, buf + at * esize, static_cast<size_t>(p.count) * esize, lane);
+    at += p.count;
+  }
+}
+
+}  // namespace hvdcompat
