@@ -183,7 +183,8 @@ GpuLibraries LoadGpuLibraries(const GpuSearchPaths& extra) {
                                {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0",
                                 "libcudart.so"},
                                extra.cudart, &BindCuda, "The CUDA runtime (libcudart)",
-                               "cuda_runtime/lib/libcudart.so.12", &g.cuda);
+                               "cuda_runtime/lib/libcudart.so.12 or .../nvidia/cu13/lib/"
+                               "libcudart.so.13", &g.cuda);
   if (!g.cuda_ok()) {
     g.nccl_error = "NCCL was not loaded because the CUDA runtime is missing: " + g.cuda_error;
     return g;

@@ -23,7 +23,8 @@ namespace hvdcompat {
 //     `import torch` of a CUDA build loads both, and using torch's copy keeps
 //     one NCCL and one CUDA runtime in the process.
 //  3. Candidates from the Python layer: the libraries PyTorch's CUDA wheels
-//     install (site-packages/nvidia/{cuda_runtime,nccl}/lib, torch/lib).
+//     install (site-packages/nvidia/{cuda_runtime,nccl}/lib; CUDA 13's runtime
+//     in site-packages/nvidia/cu13/lib; torch/lib).
 //  4. The plain sonames, through the system loader (LD_LIBRARY_PATH, ldconfig).
 // A library that loads but lacks a required symbol is rejected with the
 // symbol named. Loaded libraries are never closed.
