@@ -25,14 +25,27 @@ STAT_NAMES = [
     "host_frees", "stream_waits", "event_records", "events_live", "streams_live", "memcpys",
     "memcpy2ds", "memsets", "allreduces", "broadcasts", "allgathers", "reducescatters", "sends",
     "recvs", "groups", "premulsums", "redop_destroys", "comms_live", "aborts", "misuse",
-    "stream_syncs", "avg_ops",
+    "stream_syncs", "avg_ops", "device_syncs", "concurrent_launches", "abort_in_call",
+    "unordered_frees", "wrong_device", "use_after_free",
 ]
-PRODUCER = 0x51  # fake stream handles: the fake ignores them, the core passes them on
-CONSUMER = 0x52
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 DEV = int(os.environ.get("CHECK_DEVICE", hvd.local_rank()))
+
+
+def _stream_on(device):
+    """A stream of the fake's `device` (the caller's current device stays 0)."""
+    handle = ctypes.c_void_p()
+    assert FAKE.cudaSetDevice(device) == 0
+    assert FAKE.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
+    assert FAKE.cudaSetDevice(0) == 0  # as a thread that never selected the tensor's device
+    return handle.value
+
+
+# The producer's and the consumer's streams, as torch would pass them.
+PRODUCER = _stream_on(DEV)
+CONSUMER = _stream_on(DEV)
 ALL_DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
               "float64", "bool"]
 _names = [0]
@@ -118,9 +131,13 @@ def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, pos
 
 
 def finish(handle, stream=CONSUMER):
+    """Waits for `handle`, then for the consumer's stream (the host reads the results next,
+    as a kernel queued on that stream would)."""
     code, msg, outs, rsplits, _ = _core.wait(handle, stream)
     if code != 0:
         raise RuntimeError(f"status {code}: {msg}")
+    if stream is not None:
+        assert FAKE.cudaStreamSynchronize(ctypes.c_void_p(stream)) == 0
     return outs, rsplits
 
 
@@ -423,6 +440,8 @@ else:
         assert s["comms_live"] == expect_lanes * per_lane, s
 
 hvd.shutdown()
+for handle in (PRODUCER, CONSUMER):
+    assert FAKE.cudaStreamDestroy(ctypes.c_void_p(handle)) == 0
 s = stats()
 if MODE not in ("async_error",):
     assert s["comms_live"] == 0, f"communicators left after shutdown: {s}"
