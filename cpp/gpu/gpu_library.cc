@@ -79,6 +79,10 @@ void BindCuda(void* h, const std::string& path, CudaApi* api) {
   Optional(h, "cudaDeviceGetStreamPriorityRange", &api->DeviceGetStreamPriorityRange);
   Optional(h, "cudaMallocAsync", &api->MallocAsync);
   Optional(h, "cudaFreeAsync", &api->FreeAsync);
+  Optional(h, "cudaDeviceGetAttribute", &api->DeviceGetAttribute);
+  Optional(h, "cudaDeviceGetDefaultMemPool", &api->DeviceGetDefaultMemPool);
+  Optional(h, "cudaMemPoolSetAttribute", &api->MemPoolSetAttribute);
+  Optional(h, "cudaMemPoolGetAttribute", &api->MemPoolGetAttribute);
   int v = 0;
   if (api->RuntimeGetVersion(&v) == cudaSuccess) api->runtime_version = v;
 }

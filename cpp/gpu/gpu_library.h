@@ -63,6 +63,12 @@ struct CudaApi {
   // Optional (CUDA 11.2+): stream-ordered allocation of outputs.
   cudaMallocAsync_fn MallocAsync = nullptr;
   cudaFreeAsync_fn FreeAsync = nullptr;
+  // Optional: whether a device has memory pools, and the default pool's
+  // release threshold (see Note [GPU memory without device syncs]).
+  cudaDeviceGetAttribute_fn DeviceGetAttribute = nullptr;
+  cudaDeviceGetDefaultMemPool_fn DeviceGetDefaultMemPool = nullptr;
+  cudaMemPoolSetAttribute_fn MemPoolSetAttribute = nullptr;
+  cudaMemPoolGetAttribute_fn MemPoolGetAttribute = nullptr;
 
   bool HasStreamOrderedAlloc() const { return MallocAsync && FreeAsync; }
 };

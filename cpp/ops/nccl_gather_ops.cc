@@ -85,7 +85,7 @@ void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lan
     Shape shape = tensors[i].in->shape;
     shape[0] = rows;
     auto& results = tensors[i].entry->result.outputs;
-    results.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.stream));
+    results.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     outs[i] = static_cast<char*>(results.back().data());
   }
   if (total == 0) return;
@@ -168,7 +168,7 @@ void NcclBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane
     for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
     shape[0] = total_rows;
-    e->result.outputs.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.stream));
+    e->result.outputs.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     char* out = static_cast<char*>(e->result.outputs.back().data());
     const char* src = static_cast<const char*>(in.data);
     std::vector<size_t> sd(size_), rd(size_);

@@ -10,6 +10,7 @@
 #include "env.h"
 #include "gpu/device_memory.h"
 #include "gpu/gpu_context.h"
+#include "gpu/gpu_watchdog.h"
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/backend.h"
@@ -23,7 +24,9 @@ namespace hvdcompat {
 // one fused response each, so consecutive collectives can overlap on the
 // device; every rank picks the same lane for the same response because all
 // ranks execute responses in the same order. A communicator is never used
-// from two streams, which NCCL forbids.
+// from two streams, which NCCL forbids. Launches hold the device's launch
+// lock (Note [NCCL calls from several threads]), which lanes share: one
+// worker drives them all, so the lock only orders them against other sets.
 //
 // Everything is set up by the first CUDA response (collective over the
 // set): the device, every rank's NCCL version (features are used only when
@@ -53,6 +56,7 @@ class NcclBackend : public CollectiveBackend {
  private:
   struct Lane {
     cudaStream_t stream = nullptr;
+    std::shared_ptr<StreamLife> life;  // `stream` as the frees of outputs see it
     std::shared_ptr<NcclComm> comm;   // the whole set
     std::shared_ptr<NcclComm> local;  // hierarchical: this node's ranks
     std::shared_ptr<NcclComm> cross;  // hierarchical: same local rank on each node
@@ -90,6 +94,7 @@ class NcclBackend : public CollectiveBackend {
   std::shared_ptr<EventPool> events_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   size_t next_lane_ = 0;
+  std::unique_ptr<CompletionWatchdog> watchdog_;  // with HOROVOD_ENABLE_ASYNC_COMPLETION
 
   bool hierarchical_ = false;
   MPI_Comm local_mpi_ = MPI_COMM_NULL;

@@ -292,8 +292,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   *value = EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0) ? 0 : 1;
   return cudaSuccess;
 }
+unsigned long long g_thresholds[64];  // release threshold of each device's default pool
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
-  static unsigned long long thresholds[64];
+  unsigned long long* thresholds = g_thresholds;
   if (device < 0 || device >= 64 || EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) {
     return static_cast<cudaError_t>(801);  // cudaErrorNotSupported
   }
@@ -433,6 +434,7 @@ cudaError_t cudaFree(void* p) {
   return FreeLocked(p, false);
 }
 cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s) {
+  if (EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) return static_cast<cudaError_t>(801);
   Stream* st = ResolveStream(s);
   g_stats[kAsyncMallocs]++;
   *p = std::malloc(n ? n : 1);
@@ -447,6 +449,7 @@ cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) return static_cast<cudaError_t>(801);
   Stream* st = ResolveStream(s);
   g_stats[kAsyncFrees]++;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -485,6 +488,11 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t st) {
   g_stats[kMemsets]++;
   Enqueue(ResolveStream(st), [p, v, n] { std::memset(p, v, n); }, {p});
   return cudaSuccess;
+}
+
+// Test hook: the release threshold the core set on `device`'s default pool.
+unsigned long long fake_mempool_threshold(int device) {
+  return device >= 0 && device < 64 ? g_thresholds[device] : 0;
 }
 
 // Test hook: copies up to n counters (order of the Stat enum) into out.

@@ -9,8 +9,9 @@
 // the N+1-th call on a communicator is doomed: it reports ncclRemoteError
 // asynchronously (at once, or FAKE_NCCL_ERROR_DELAY_MS after it starts
 // running) and its stream stays stuck on it, as a kernel waiting for a dead
-// peer, until the communicator is aborted; FAKE_NCCL_HANG_CALL_MS keeps the
-// doomed call itself from returning that long (a launch stuck in NCCL);
+// peer, until the communicator is aborted; FAKE_NCCL_HANG_CALL_MS keeps every
+// later doomed call from returning that long (a launch stuck in NCCL while
+// the first failure is being handled);
 // FAKE_NCCL_CALL_US widens every call (so overlapping calls are seen).
 // Counted misuse: calls on one device overlapping from two threads, an abort
 // while another thread is inside a call on the comm, use after abort/destroy.
@@ -295,7 +296,9 @@ ncclResult_t Begin(FakeComm* c, bool* doomed) {
       SetAsyncError(c, ncclRemoteError, "injected remote error");
     }
     int hang = EnvInt("FAKE_NCCL_HANG_CALL_MS", 0);
-    if (hang > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hang));
+    if (hang > 0 && c->ops > fail_after) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(hang));
+    }
   }
   ++c->ops;
   return ncclSuccess;

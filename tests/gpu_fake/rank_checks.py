@@ -29,7 +29,13 @@ STAT_NAMES = [
     "unordered_frees", "wrong_device", "use_after_free",
 ]
 
-hvd.init()
+if MODE == "process_sets":
+    from hvdcompat.process_sets import ProcessSet
+
+    SETS = [ProcessSet([0, 1]), ProcessSet([1, 2])]
+    hvd.init(process_sets=SETS)
+else:
+    hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 DEV = int(os.environ.get("CHECK_DEVICE", hvd.local_rank()))
 
@@ -125,9 +131,10 @@ def name(prefix):
 
 
 def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, post=1.0,
-            splits=()):
-    return _core.enqueue(_core.OPS[op], name(prefix), False, 0, reduce_op, root, float(pre),
-                         float(post), list(inputs), list(outputs), [list(s) for s in splits])
+            splits=(), process_set=0):
+    return _core.enqueue(_core.OPS[op], name(prefix), False, process_set, reduce_op, root,
+                         float(pre), float(post), list(inputs), list(outputs),
+                         [list(s) for s in splits])
 
 
 def finish(handle, stream=CONSUMER):
@@ -136,7 +143,11 @@ def finish(handle, stream=CONSUMER):
     code, msg, outs, rsplits, _ = _core.wait(handle, stream)
     if code != 0:
         raise RuntimeError(f"status {code}: {msg}")
-    if stream is not None:
+    if stream == 0:  # the legacy stream of this rank's device
+        assert FAKE.cudaSetDevice(DEV) == 0
+        assert FAKE.cudaStreamSynchronize(None) == 0
+        assert FAKE.cudaSetDevice(0) == 0
+    elif stream is not None:
         assert FAKE.cudaStreamSynchronize(ctypes.c_void_p(stream)) == 0
     return outs, rsplits
 
@@ -358,6 +369,47 @@ def check_wrong_device():
         raise AssertionError("a tensor on another device was accepted")
 
 
+def check_default_stream_of_the_tensors_device():
+    """torch's default stream arrives as 0: the legacy stream of the *current* device. This
+    thread's current device stays 0 while the tensors are on DEV, so the core must select DEV
+    around its event record / stream wait (else CUDA rejects the record, or orders the wrong
+    device's stream)."""
+    x = make(rank_values(1000, RANK, Sum, "float32"), "float32")
+    out = np.zeros_like(x)
+    h = _core.enqueue(_core.OPS["allreduce"], name("legacy"), False, 0, Sum, -1, 1.0, 1.0,
+                      [(x.ctypes.data, _core.DTYPES["float32"], x.shape, DEV, 0)],
+                      [(out.ctypes.data, _core.DTYPES["float32"], out.shape, DEV, 0)], [])
+    finish(h, stream=0)
+    close(out, expected(1000, Sum, "float32"), "float32", "allreduce on the default stream")
+    assert stats()["wrong_device"] == 0, stats()
+
+
+def check_no_device_sync_on_the_hot_path():
+    """Growing the device fusion buffer and the page-locked staging buffer must not call
+    cudaFree / cudaFreeHost, which wait for the whole device (and another thread's kernels)."""
+    fused = [make(rank_values(1000, RANK, Sum, "float32"), "float32") for _ in range(2)]
+    finish(enqueue("allreduce", "grouped_allreduce", [d(x, "float32") for x in fused],
+                   [d(x, "float32") for x in fused], Sum))
+    staged = make(rank_values(1000, RANK, Min, "float32"), "float32")
+    finish(enqueue("allreduce", "allreduce", [d(staged, "float32")], [d(staged, "float32")],
+                   Min, pre=2.0))
+    before = stats()
+    for k in (300_000, 1_500_000):  # each step grows both buffers
+        xs = [make(rank_values(k, RANK, Sum, "float32"), "float32") for _ in range(2)]
+        finish(enqueue("allreduce", "grouped_allreduce", [d(x, "float32") for x in xs],
+                       [d(x, "float32") for x in xs], Sum))
+        for x in xs:
+            close(x, expected(k, Sum, "float32"), "float32", f"grown fusion buffer {k}")
+        y = make(rank_values(k, RANK, Min, "float32"), "float32")
+        finish(enqueue("allreduce", "allreduce", [d(y, "float32")], [d(y, "float32")], Min,
+                       pre=2.0))
+        close(y, np.stack([rank_values(k, r, Min, "float32") * 2 for r in range(SIZE)]).min(0),
+              "float32", f"grown staging buffer {k}")
+    after = stats()
+    assert after["device_syncs"] == before["device_syncs"], \
+        f"cudaFree/cudaFreeHost on the hot path: {before['device_syncs']} -> {after['device_syncs']}"
+
+
 def check_join():
     """The last rank joins at once; the others' allreduces see it contribute identities."""
     if SIZE < 2:
@@ -377,6 +429,8 @@ def check_join():
 
 def run_full():
     check_allreduce_every_dtype()
+    check_default_stream_of_the_tensors_device()
+    check_no_device_sync_on_the_hot_path()
     check_wrong_device()  # after the first op bound this rank's device
     check_scaled_allreduce()
     check_fused_allreduce()
@@ -387,13 +441,28 @@ def run_full():
     check_many_in_flight()
     check_poll_and_no_stream()
     check_join()
+    check_memory_pool()
+
+
+def check_memory_pool():
+    """Outputs come from the stream-ordered pool when the device has one (its release
+    threshold raised, so memory is kept between steps), from cudaMalloc when it has none."""
+    FAKE.fake_mempool_threshold.restype = ctypes.c_ulonglong
+    s = stats()
+    if os.environ.get("FAKE_CUDA_NO_MEMPOOLS") == "1":
+        assert s["async_mallocs"] == 0 and s["mallocs"] > 0, s
+    else:
+        assert s["async_mallocs"] > 0, s
+        assert FAKE.fake_mempool_threshold(DEV) >= 1 << 28, FAKE.fake_mempool_threshold(DEV)
 
 
 def run_async_error():
-    """NCCL reports an asynchronous error: synchronize raises instead of hanging."""
+    """NCCL reports an asynchronous error: synchronize raises instead of hanging, and the
+    failed allgather's output (core-allocated, never handed to a consumer stream) is freed in
+    the order of the stream that last wrote it."""
     x = make(rank_values(8, RANK, Sum, "float32"), "float32")
     start = time.time()
-    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    h = enqueue("allgather", "allgather", [d(x, "float32")])
     try:
         finish(h)
     except RuntimeError as e:
@@ -413,6 +482,72 @@ def run_async_error():
         assert "aborted earlier" in str(e) or "shut down" in str(e) or "failed" in str(e), str(e)
     else:
         raise AssertionError("an op on an aborted communicator succeeded")
+    s = stats()
+    assert s["unordered_frees"] == 0 and s["use_after_free"] == 0, s
+
+
+def run_async_watchdog():
+    """HOROVOD_ENABLE_ASYNC_COMPLETION=1: synchronize() only orders the consumer's stream, so
+    no host thread waits. A peer dying mid-collective (FAKE_NCCL_ERROR_DELAY_MS later) must
+    still abort the communicator, releasing the consumer's stream, and fail later ops."""
+    import threading
+
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    assert code == 0, (code, msg)  # the error is not known yet
+    released = threading.Event()
+
+    def consumer():
+        FAKE.cudaStreamSynchronize(ctypes.c_void_p(CONSUMER))
+        released.set()
+
+    threading.Thread(target=consumer, daemon=True).start()
+    if not released.wait(30):
+        print(f"rank {RANK}: the consumer's stream was never released: no watchdog aborted "
+              f"the failed communicator ({stats()})", flush=True)
+        os._exit(1)
+    assert stats()["aborts"] >= 1, stats()
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    assert code == _core.STATUS["internal"] and "aborted" in msg, (code, msg)
+
+
+def run_abort_during_launch():
+    """The first op fails asynchronously (FAKE_NCCL_ERROR_DELAY_MS after it starts) while the
+    worker is inside the next op's NCCL call (FAKE_NCCL_HANG_CALL_MS, issued in a later cycle):
+    the abort must wait for that call to return."""
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    y = make(rank_values(8, RANK, Sum, "float64"), "float64")
+    h1 = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    time.sleep(0.3)
+    h2 = enqueue("allreduce", "allreduce", [d(y, "float64")], [d(y, "float64")], Sum)
+    for h in (h1, h2):
+        code, msg, _, _, _ = _core.wait(h, CONSUMER)
+        assert code == _core.STATUS["internal"] and "asynchronous error" in msg, (code, msg)
+    s = stats()
+    assert s["aborts"] >= 1 and s["abort_in_call"] == 0, s
+
+
+def run_process_sets():
+    """Two process sets on rank 1 (sets [0, 1] and [1, 2]) launch NCCL work from two worker
+    threads on one device: the launches must never overlap (FAKE_NCCL_CALL_US widens them)."""
+    mine = [ps for ps in SETS if RANK in ps.ranks]
+    arrays, handles = [], []
+    for k in range(40):
+        for ps in mine:
+            x = make(rank_values(16 + k, RANK, Sum, "float32"), "float32")
+            arrays.append((x, ps, k))
+            handles.append(_core.enqueue(_core.OPS["allreduce"], f"ps{ps.process_set_id}.ar{k}",
+                                         False, ps.process_set_id, Sum, -1, 1.0, 1.0,
+                                         [d(x, "float32")], [d(x, "float32")], []))
+    for h in handles:
+        finish(h)
+    for x, ps, k in arrays:
+        want = np.stack([rank_values(16 + k, r, Sum, "float32") for r in ps.ranks]).sum(0)
+        close(x, want, "float32", f"allreduce on process set {ps.ranks}")
+    s = stats()
+    assert s["concurrent_launches"] == 0, f"NCCL launches overlapped on one device: {s}"
 
 
 def run_duplicate_device():
@@ -426,6 +561,12 @@ def run_duplicate_device():
 
 if MODE == "async_error":
     run_async_error()
+elif MODE == "async_watchdog":
+    run_async_watchdog()
+elif MODE == "abort_during_launch":
+    run_abort_during_launch()
+elif MODE == "process_sets":
+    run_process_sets()
 elif MODE == "duplicate":
     run_duplicate_device()
 else:
@@ -443,7 +584,7 @@ hvd.shutdown()
 for handle in (PRODUCER, CONSUMER):
     assert FAKE.cudaStreamDestroy(ctypes.c_void_p(handle)) == 0
 s = stats()
-if MODE not in ("async_error",):
+if MODE not in ("async_error", "async_watchdog", "abort_during_launch"):
     assert s["comms_live"] == 0, f"communicators left after shutdown: {s}"
 assert s["streams_live"] == 0, f"streams left after shutdown: {s}"
 assert s["live_device"] == 0, f"device memory left after shutdown: {s}"
