@@ -60,6 +60,7 @@ NcclBackend::~NcclBackend() {
         lane->cross.reset();
         lane->sources.clear();
         lane->fusion.Release();
+        lane->padded.Release();
         if (lane->life) lane->life->End();
         if (lane->stream) Cuda().StreamDestroy(lane->stream);
       }

@@ -40,6 +40,11 @@ namespace hvdcompat {
 // sum(x), computed by ncclAvg or a PreMulSum operator, so no kernel of our
 // own is needed. With PreMulSum the scalar is rounded to the tensor's dtype,
 // as ncclAvg does, so float16/bfloat16 averages carry one extra rounding.
+//
+// Uneven allgather (first dimensions differ between ranks) costs one NCCL
+// collective, not one broadcast per rank: an allgather of blocks padded to
+// the largest while that moves at most twice the payload, else one group of
+// send/receive pairs (one kernel), so launches do not grow with the set.
 class NcclBackend : public CollectiveBackend {
  public:
   // `fallback` runs the responses NCCL cannot (owned here).
@@ -61,6 +66,7 @@ class NcclBackend : public CollectiveBackend {
     std::shared_ptr<NcclComm> local;  // hierarchical: this node's ranks
     std::shared_ptr<NcclComm> cross;  // hierarchical: same local rank on each node
     DeviceScratch fusion;
+    DeviceScratch padded;  // uneven allgather: blocks padded to the largest
     PinnedScratch host;  // identity values of joined ranks
     std::vector<std::shared_ptr<AsyncErrorSource>> sources;
   };

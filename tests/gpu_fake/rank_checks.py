@@ -273,6 +273,30 @@ def check_allgather():
             close(got, np.concatenate(parts), "float32", f"fused allgather uniform={uniform}")
 
 
+def check_uneven_allgather_launches():
+    """Uneven first dimensions cost one NCCL collective, not one broadcast per rank: a padded
+    allgather while padding at most doubles the bytes, else one group of send/recv pairs."""
+    for shape_of in (lambda r: r + 1, lambda r: 10 * SIZE if r == 0 else 1):
+        rows = [shape_of(r) for r in range(SIZE)]
+        x = (np.arange(rows[RANK] * 4) + 1000 * RANK).astype(np.float32).reshape(rows[RANK], 4)
+        before = stats()
+        outs, _ = finish(enqueue("allgather", "allgather", [d(x, "float32")]))
+        after = stats()
+        want = np.concatenate([(np.arange(rows[r] * 4) + 1000 * r).astype(np.float32)
+                               .reshape(rows[r], 4) for r in range(SIZE)])
+        close(from_capsule(outs[0], np.float32), want, "float32", f"uneven allgather {rows}")
+        delta = {k: after[k] - before[k] for k in ("allgathers", "broadcasts", "sends", "recvs",
+                                                    "groups")}
+        assert delta["broadcasts"] == 0, delta
+        if max(rows) * SIZE <= 2 * sum(rows):
+            assert delta["allgathers"] == 1 and delta["sends"] == 0, (rows, delta)
+        else:
+            assert delta["allgathers"] == 0 and delta["groups"] == 1, (rows, delta)
+            assert delta["sends"] == delta["recvs"] == SIZE - 1, (rows, delta)
+        if RANK == 0:
+            print(f"LAUNCHES: uneven allgather of rows {rows} on {SIZE} ranks: {delta}", flush=True)
+
+
 def check_broadcast():
     root = SIZE - 1
     for dtype in ["float64", "int16", "bfloat16"]:
@@ -435,6 +459,7 @@ def run_full():
     check_scaled_allreduce()
     check_fused_allreduce()
     check_allgather()
+    check_uneven_allgather_launches()
     check_broadcast()
     check_alltoall()
     check_reducescatter()
