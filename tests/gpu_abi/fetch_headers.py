@@ -2,10 +2,10 @@
 
 The ABI checks (tests/unit/test_gpu_abi.py) compile our declarations in
 third_party/ against the vendors' headers. A machine without a CUDA toolkit
-gets those headers from four wheels: the runtime (cuda_runtime_api.h), nvcc
-(crt/, which cuda_runtime_api.h includes), CCCL (nv/target) and NCCL
-(nccl.h). Only their include folders are kept (a few MB); the wheels
-themselves (the NCCL one is ~350 MB) are downloaded with
+gets those headers from wheels: the runtime (cuda_runtime_api.h), nvcc's or,
+for CUDA 13, crt's (crt/, which cuda_runtime_api.h includes), CCCL
+(nv/target) and NCCL (nccl.h), for CUDA 12 and CUDA 13. Only their include folders are kept (a few MB); the wheels
+themselves (NCCL's is ~350 MB, the others ~50 MB together) are downloaded with
 ``pip download --no-deps`` into a temporary folder and deleted.
 
 Usage: ``python tests/gpu_abi/fetch_headers.py [CACHE_DIR]`` prints the root
@@ -28,6 +28,10 @@ WHEELS = (
     ("nvidia-cuda-nvcc-cu12", "12.9.86", "nvidia/cuda_nvcc/include/crt/"),
     ("nvidia-cuda-cccl-cu12", "12.9.27", "nvidia/cuda_cccl/include/nv/"),
     ("nvidia-nccl-cu12", "2.32.3", "nvidia/nccl/include/"),
+    # CUDA 13 wheels share one tree, nvidia/cu13/include (NCCL's header is the same file).
+    ("nvidia-cuda-runtime", "13.5.37", "nvidia/cu13/include/"),
+    ("nvidia-cuda-crt", "13.5.37", "nvidia/cu13/include/crt/"),
+    ("nvidia-cuda-cccl", "13.3.5.0.6", "nvidia/cu13/include/nv/"),
 )
 
 
@@ -40,7 +44,8 @@ def default_cache_dir():
 
 
 def _key():
-    return "-".join(name.split("-")[-2] + version for name, version, _ in WHEELS)
+    return "_".join(name.replace("nvidia-", "").replace("cuda-", "") + version
+                    for name, version, _ in WHEELS)
 
 
 def fetch_headers(cache_dir=None, timeout=600):

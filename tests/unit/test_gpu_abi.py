@@ -98,6 +98,16 @@ def test_cuda_runtime_declarations_match_the_toolkit_header():
     _compile("check_cuda_abi.cc", includes)
 
 
+def test_cuda_runtime_declarations_match_the_cuda13_headers():
+    root = _cached_headers()
+    include = os.path.join(root, "nvidia", "cu13", "include") if root else ""
+    found = include and os.path.exists(os.path.join(include, "cuda_runtime_api.h"))
+    assert found or not FETCH, "HVDCOMPAT_TEST_GPU_HEADERS=fetch, yet no CUDA 13 headers"
+    if not found:
+        pytest.skip("no CUDA 13 headers cached (HVDCOMPAT_TEST_GPU_HEADERS=fetch fetches them)")
+    _compile("check_cuda_abi.cc", [include])
+
+
 def test_nccl_declarations_match_nccl_h():
     nccl = _include_dirs(["nccl"], "nccl.h", ["/usr/include", "/usr/local/include"])
     cuda = _cuda_includes()
