@@ -18,16 +18,11 @@ import numpy as np
 import hvdcompat as hvd
 from hvdcompat.basics import Average, Max, Min, Product, Sum, _core
 
+# Beside this file (a script's own folder is on sys.path).
+from fake_helpers import STAT_NAMES, dltensor, make, values_of
+
 MODE = os.environ.get("CHECK_MODE", "full")
 FAKE = ctypes.CDLL(os.environ["HVDCOMPAT_NCCL_LIB"])
-STAT_NAMES = [
-    "mallocs", "frees", "async_mallocs", "async_frees", "live_device", "host_allocs",
-    "host_frees", "stream_waits", "event_records", "events_live", "streams_live", "memcpys",
-    "memcpy2ds", "memsets", "allreduces", "broadcasts", "allgathers", "reducescatters", "sends",
-    "recvs", "groups", "premulsums", "redop_destroys", "comms_live", "aborts", "misuse",
-    "stream_syncs", "avg_ops", "device_syncs", "concurrent_launches", "abort_in_call",
-    "unordered_frees", "wrong_device", "use_after_free",
-]
 
 if MODE == "process_sets":
     from hvdcompat.process_sets import ProcessSet
@@ -65,23 +60,6 @@ def stats():
 
 # ---------------------------------------------------------------- dtypes
 
-def make(values, dtype):
-    """A contiguous array of `dtype` holding `values` (bfloat16 as raw uint16)."""
-    v = np.asarray(values, dtype=np.float64)
-    if dtype == "bfloat16":
-        bits = v.astype(np.float32).view(np.uint32)
-        return (bits >> 16).astype(np.uint16)
-    if dtype == "bool":
-        return v != 0
-    return v.astype(np.dtype(dtype))
-
-
-def values_of(arr, dtype):
-    if dtype == "bfloat16":
-        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return arr.astype(np.float64)
-
-
 def d(arr, dtype, device=None):
     return (arr.ctypes.data, _core.DTYPES[dtype], tuple(arr.shape),
             DEV if device is None else device, PRODUCER)
@@ -89,32 +67,13 @@ def d(arr, dtype, device=None):
 
 # ---------------------------------------------------------------- capsules
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
-
-
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
 def from_capsule(capsule, like_dtype):
     """Copies a core-allocated device output out of its DLPack capsule.
 
     Checks it is a CUDA tensor of this rank's device. Dropping the capsule
     afterwards runs the core's deleter (a stream-ordered free in the fake).
     """
-    t = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    t = dltensor(capsule)
     assert t.device.device_type == 2, f"expected kDLCUDA, got device type {t.device.device_type}"
     assert t.device.device_id == DEV, f"expected cuda:{DEV}, got cuda:{t.device.device_id}"
     shape = tuple(t.shape[i] for i in range(t.ndim))
@@ -287,6 +246,9 @@ def check_uneven_allgather_launches():
         close(from_capsule(outs[0], np.float32), want, "float32", f"uneven allgather {rows}")
         delta = {k: after[k] - before[k] for k in ("allgathers", "broadcasts", "sends", "recvs",
                                                     "groups")}
+        if os.environ.get("HOROVOD_GPU_OPERATIONS") == "MPI":
+            assert not any(delta.values()), delta  # host staging: no NCCL at all
+            continue
         assert delta["broadcasts"] == 0, delta
         if max(rows) * SIZE <= 2 * sum(rows):
             assert delta["allgathers"] == 1 and delta["sends"] == 0, (rows, delta)
