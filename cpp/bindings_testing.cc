@@ -160,6 +160,39 @@ py::tuple Simulate(int size, size_t cache_capacity, const py::list& rounds) {
 }  // namespace
 
 void RegisterTestingBindings(py::module_& m) {
+  m.def(
+      "scale_copy",
+      [](const std::vector<int64_t>& values, int dtype, double factor, bool in_double) {
+        const DataType t = static_cast<DataType>(dtype);
+        HVD_ENFORCE(!IsFloatingPoint(t) && t != DataType::kBool, "scale_copy takes integer dtypes");
+        std::vector<char> buf(values.size() * DataTypeSize(t));
+        auto put = [&](auto* p) {
+          for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(values[i]);
+        };
+        auto get = [&](auto* p) {
+          std::vector<int64_t> out(values.size());
+          for (size_t i = 0; i < values.size(); ++i) out[i] = static_cast<int64_t>(p[i]);
+          return out;
+        };
+        switch (t) {
+          case DataType::kUInt8: put(reinterpret_cast<uint8_t*>(buf.data())); break;
+          case DataType::kInt8: put(reinterpret_cast<int8_t*>(buf.data())); break;
+          case DataType::kInt16: put(reinterpret_cast<int16_t*>(buf.data())); break;
+          case DataType::kInt32: put(reinterpret_cast<int32_t*>(buf.data())); break;
+          default: put(reinterpret_cast<int64_t*>(buf.data())); break;
+        }
+        ScaleCopy(buf.data(), buf.data(), static_cast<int64_t>(values.size()), t, factor,
+                  in_double);
+        switch (t) {
+          case DataType::kUInt8: return get(reinterpret_cast<uint8_t*>(buf.data()));
+          case DataType::kInt8: return get(reinterpret_cast<int8_t*>(buf.data()));
+          case DataType::kInt16: return get(reinterpret_cast<int16_t*>(buf.data()));
+          case DataType::kInt32: return get(reinterpret_cast<int32_t*>(buf.data()));
+          default: return get(reinterpret_cast<int64_t*>(buf.data()));
+        }
+      },
+      py::arg("values"), py::arg("dtype"), py::arg("factor"), py::arg("in_double"),
+      "The host scaling kernel on integers (Average's rule), for unit tests.");
   m.def("roundtrip_requests", [](const py::list& reqs) {
     std::vector<Request> v;
     for (const auto& q : reqs) v.push_back(ToRequest(q.cast<py::dict>()));

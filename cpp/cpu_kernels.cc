@@ -1,5 +1,6 @@
 #include "cpu_kernels.h"
 
+#include <cmath>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -30,6 +31,19 @@ void ScaleTyped(T* dst, const T* src, int64_t n, double factor, bool in_double) 
     const T f = static_cast<T>(factor);
     for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * f;
   } else {
+    if (in_double && factor > 0.0 && factor <= 1.0) {
+      // Integer Average (factor 1/size): the sum divided by size exactly,
+      // truncating toward zero, the rule of NCCL's ncclAvg. A double
+      // reciprocal is off by one at some sizes (49 * (1.0 / 49) < 1).
+      const double k = std::nearbyint(1.0 / factor);
+      if (k >= 1.0 && k < 9.0e18 && 1.0 / k == factor) {
+        const int64_t divisor = static_cast<int64_t>(k);
+        for (int64_t i = 0; i < n; ++i) {
+          dst[i] = static_cast<T>(static_cast<int64_t>(src[i]) / divisor);
+        }
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
   }
 }

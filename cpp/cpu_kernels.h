@@ -14,7 +14,10 @@ namespace hvdcompat {
 // truncated toward zero for integers, in the tensor's own type for float32 and
 // float64 (Horovod's rounding of pre/postscale factors) unless `in_double`:
 // then float32 is scaled in double and rounded once (Average's 1/size, so a
-// float32 average equals torch's sum / size). dst may equal src. factor == 1 copies.
+// float32 average equals torch's sum / size); for integers with `in_double` and
+// factor == 1/k (Average's 1/size), the exact quotient v / k truncated toward
+// zero, as NCCL's ncclAvg computes it, so CPU and GPU averages agree.
+// dst may equal src. factor == 1 copies.
 void ScaleCopy(void* dst, const void* src, int64_t count, DataType dtype, double factor,
                bool in_double = false);
 

@@ -3,7 +3,7 @@
 The core loads the CUDA runtime and NCCL with ``dlopen`` the first time they
 are asked for (nothing at import). This module hands it the places PyTorch's
 CUDA wheels install them (``site-packages/nvidia/{cuda_runtime,nccl}/lib``,
-``torch/lib``) before that first load; ``HVDCOMPAT_CUDART_LIB`` /
+CUDA 13's ``site-packages/nvidia/cu13/lib``, ``torch/lib``) before that first load; ``HVDCOMPAT_CUDART_LIB`` /
 ``HVDCOMPAT_NCCL_LIB`` override the search, and a copy ``import torch``
 already loaded is preferred over all of these.
 """
@@ -35,10 +35,11 @@ def _package_dirs(name):
     return list(spec.submodule_search_locations or [])
 
 
-def _candidates(component, pattern):
+def _candidates(components, pattern):
     found = []
-    for d in _package_dirs("nvidia." + component):
-        found += sorted(glob.glob(os.path.join(d, "lib", pattern)), reverse=True)
+    for component in components:
+        for d in _package_dirs("nvidia." + component):
+            found += sorted(glob.glob(os.path.join(d, "lib", pattern)), reverse=True)
     for d in _package_dirs("torch"):
         found += sorted(glob.glob(os.path.join(d, "lib", pattern)), reverse=True)
     return found
@@ -49,8 +50,10 @@ def _give_search_paths():
         if _paths_given[0]:
             return
         # Older torch wheels bundle copies under hashed names (libcudart-<hash>.so.11.0).
-        _core.set_gpu_search_paths(_candidates("cuda_runtime", "libcudart*.so*"),
-                                   _candidates("nccl", "libnccl*.so*"))
+        # CUDA 12 runtime wheels install nvidia/cuda_runtime/lib/libcudart.so.12,
+        # CUDA 13 ones nvidia/cu13/lib/libcudart.so.13; NCCL stays in nvidia/nccl/lib.
+        _core.set_gpu_search_paths(_candidates(("cuda_runtime", "cu13"), "libcudart*.so*"),
+                                   _candidates(("nccl",), "libnccl*.so*"))
         _paths_given[0] = True
 
 

@@ -6,9 +6,12 @@ through files. The core loads it exactly as it loads the real libraries
 (HVDCOMPAT_CUDART_LIB / HVDCOMPAT_NCCL_LIB), so every backend path runs:
 lanes, fusion pack/unpack, hierarchical allreduce, uneven allgather and
 reducescatter, alltoall over send/recv, host staging, joined ranks, DLPack
-device outputs and their frees, asynchronous NCCL errors. What it cannot
-show is real device concurrency: streams run in call order here. The device
-script (tests/gpu/run_device_checks.sh) covers that on a GPU.
+device outputs and their frees, asynchronous NCCL errors. Streams behave as
+on a device (a queue and a worker each, events, stream waits, device-wide
+syncs in cudaFree), and the fake counts ordering mistakes, so the stream rules
+of Note [GPU stream order] are checked here; what it cannot show is a real
+GPU's speed and kernels. The device script (tests/gpu/run_device_checks.sh)
+covers that on a GPU.
 """
 
 import os
@@ -41,8 +44,8 @@ def _launch(fake_lib, tmp_path, np, mode="full", **env):
 
 
 @pytest.mark.parametrize("np,env", [
-    (2, {}),
-    (3, {"HOROVOD_NUM_NCCL_STREAMS": 3}),
+    (2, {"FAKE_CUDA_OP_DELAY_US": 20}),
+    (3, {"HOROVOD_NUM_NCCL_STREAMS": 3, "FAKE_CUDA_NO_MEMPOOLS": 1}),
     (4, {"HOROVOD_NUM_NCCL_STREAMS": 2, "HOROVOD_HIERARCHICAL_ALLREDUCE": 1,
          "HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE": 2}),
 ], ids=["np2", "np3-3lanes", "np4-hierarchical-2lanes"])
@@ -65,7 +68,8 @@ def test_nccl_rejects_two_ranks_on_one_gpu(fake_lib, tmp_path):
 
 
 def test_async_nccl_error_aborts_instead_of_hanging(fake_lib, tmp_path):
-    result = _launch(fake_lib, tmp_path, 2, mode="async_error", FAKE_NCCL_FAIL_AFTER=0)
+    result = _launch(fake_lib, tmp_path, 2, mode="async_error", FAKE_NCCL_FAIL_AFTER=0,
+                     FAKE_CUDA_OP_DELAY_US=200)
     assert "was aborted" in result.output
 
 
@@ -74,3 +78,15 @@ def test_adasum_node_average_then_across_nodes(fake_lib, tmp_path):
     # cross-node tree with its fold of the third node, dot products summed over each node.
     _launch(fake_lib, tmp_path, 6, mode="adasum", HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE=2,
             FAKE_CUDA_DEVICE_COUNT=6)
+def test_async_completion_watchdog_aborts_a_failed_communicator(fake_lib, tmp_path):
+    _launch(fake_lib, tmp_path, 2, mode="async_watchdog", FAKE_NCCL_FAIL_AFTER=0,
+            FAKE_NCCL_ERROR_DELAY_MS=300, HOROVOD_ENABLE_ASYNC_COMPLETION=1)
+
+
+def test_abort_waits_for_a_launch_in_progress(fake_lib, tmp_path):
+    _launch(fake_lib, tmp_path, 2, mode="abort_during_launch", FAKE_NCCL_FAIL_AFTER=0,
+            FAKE_NCCL_ERROR_DELAY_MS=1000, FAKE_NCCL_HANG_CALL_MS=3500)
+
+
+def test_nccl_launches_are_serialised_across_process_sets(fake_lib, tmp_path):
+    _launch(fake_lib, tmp_path, 3, mode="process_sets", FAKE_NCCL_CALL_US=2000)

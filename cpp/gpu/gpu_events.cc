@@ -41,7 +41,18 @@ enum class Progress { kPending, kDone, kFailed };
 Progress Look(cudaEvent_t event, const std::vector<std::shared_ptr<AsyncErrorSource>>& sources,
               std::string* error) {
   cudaError_t rc = Cuda().EventQuery(event);
-  if (rc == cudaSuccess) return Progress::kDone;
+  if (rc == cudaSuccess) {
+    // An aborted communicator lets its kernels end early: their output is
+    // garbage even though the event completed.
+    for (const auto& s : sources) {
+      std::string e = s->ErrorIfAborted();
+      if (!e.empty()) {
+        *error = e;
+        return Progress::kFailed;
+      }
+    }
+    return Progress::kDone;
+  }
   if (rc != cudaErrorNotReady) {
     *error = "the device reported " + CudaErrorText(rc) + " (error code " +
              std::to_string(static_cast<int>(rc)) + ")";
@@ -64,6 +75,7 @@ class PooledReadyEvent : public ReadyEvent {
   ~PooledReadyEvent() override { pool_->Release(event_); }
 
   void MakeStreamWait(void* stream) override {
+    DeviceGuard guard(pool_->device());  // stream 0: this device's legacy stream
     HVD_CUDA_CHECK(Cuda().StreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
   }
 
@@ -105,8 +117,13 @@ class EventCompletion : public DeviceCompletion {
       std::lock_guard<std::mutex> lock(mu_);
       if (AdvanceLocked() == Progress::kFailed) return FailureLocked();
     }
-    cudaError_t rc =
-        Cuda().StreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), event_, 0);
+    cudaError_t rc;
+    {
+      // The caller's thread may have another current device; stream 0 means
+      // the legacy stream of the tensors' device.
+      DeviceGuard guard(pool_->device());
+      rc = Cuda().StreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), event_, 0);
+    }
     if (rc != cudaSuccess) {
       return Status::Error(StatusCode::kInternal,
                            what_ + ": could not order the caller's CUDA stream after it: " +
@@ -200,6 +217,9 @@ cudaStream_t CreateEngineStream() {
 
 std::unique_ptr<ReadyEvent> RecordReadyEvent(const std::shared_ptr<EventPool>& pool,
                                              cudaStream_t stream) {
+  // The API thread's current device need not be the tensor's; stream 0 (torch's
+  // default stream) is the legacy stream of the current device.
+  DeviceGuard guard(pool->device());
   cudaEvent_t e = pool->Acquire();
   cudaError_t rc = Cuda().EventRecord(e, stream);
   if (rc != cudaSuccess) {
@@ -212,6 +232,7 @@ std::unique_ptr<ReadyEvent> RecordReadyEvent(const std::shared_ptr<EventPool>& p
 std::shared_ptr<DeviceCompletion> RecordCompletion(
     const std::shared_ptr<EventPool>& pool, cudaStream_t stream, std::string what,
     std::vector<std::shared_ptr<AsyncErrorSource>> sources) {
+  DeviceGuard guard(pool->device());
   cudaEvent_t e = pool->Acquire();
   cudaError_t rc = Cuda().EventRecord(e, stream);
   if (rc != cudaSuccess) {

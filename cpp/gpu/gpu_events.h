@@ -30,12 +30,21 @@ namespace hvdcompat {
 //     peer are released, and raises HorovodInternalError). Then, or at once
 //     with HOROVOD_ENABLE_ASYNC_COMPLETION, the caller's current stream is
 //     made to wait on the completion event, so the consumer reads outputs
-//     in order even when the host did not wait.
+//     in order even when the host did not wait. With async completion no
+//     host thread waits, so a watchdog (cpp/gpu/gpu_watchdog.h) polls the
+//     completions in flight and aborts a failed or stalled communicator,
+//     which releases the consumer's stream and fails the pending handles.
+//  Every event record, stream wait and free runs with the tensors' device
+//  current (DeviceGuard): the calling thread's current device may be
+//  another, and stream 0 (torch's default stream) means the legacy stream
+//  of the current device.
 //  4. Outputs the core allocated (allgather, alltoall) come from the
 //     stream-ordered allocator on the engine's stream and are freed, when the
 //     consumer drops them, in the order of the stream that synchronize()
 //     ordered after the op (the consumer's stream), as torch's own caching
-//     allocator does with a tensor's allocation stream.
+//     allocator does with a tensor's allocation stream; an output never
+//     bound to a consumer (a failed op) is freed on the engine stream that
+//     wrote it (see DeviceFree).
 // Inputs stay alive until synchronize() returns (the Python handle table
 // holds them); with async completion they are then protected by the
 // consumer's stream order, as in torch's own collectives.
@@ -84,6 +93,10 @@ class AsyncErrorSource {
   // Empty while healthy. On failure: the error text, after aborting the
   // source so device work stuck on it is released.
   virtual std::string PollAndAbortOnError() = 0;
+  // Aborts with `why` (no progress within the stall timeout).
+  virtual void Abort(const std::string& why) = 0;
+  // The error text once aborted, else empty. Cheap; asks the library nothing.
+  virtual std::string ErrorIfAborted() = 0;
 };
 
 // A non-blocking stream of the current device for engine work, at the

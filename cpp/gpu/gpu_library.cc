@@ -79,6 +79,10 @@ void BindCuda(void* h, const std::string& path, CudaApi* api) {
   Optional(h, "cudaDeviceGetStreamPriorityRange", &api->DeviceGetStreamPriorityRange);
   Optional(h, "cudaMallocAsync", &api->MallocAsync);
   Optional(h, "cudaFreeAsync", &api->FreeAsync);
+  Optional(h, "cudaDeviceGetAttribute", &api->DeviceGetAttribute);
+  Optional(h, "cudaDeviceGetDefaultMemPool", &api->DeviceGetDefaultMemPool);
+  Optional(h, "cudaMemPoolSetAttribute", &api->MemPoolSetAttribute);
+  Optional(h, "cudaMemPoolGetAttribute", &api->MemPoolGetAttribute);
   int v = 0;
   if (api->RuntimeGetVersion(&v) == cudaSuccess) api->runtime_version = v;
 }
@@ -183,7 +187,8 @@ GpuLibraries LoadGpuLibraries(const GpuSearchPaths& extra) {
                                {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0",
                                 "libcudart.so"},
                                extra.cudart, &BindCuda, "The CUDA runtime (libcudart)",
-                               "cuda_runtime/lib/libcudart.so.12", &g.cuda);
+                               "cuda_runtime/lib/libcudart.so.12 or .../nvidia/cu13/lib/"
+                               "libcudart.so.13", &g.cuda);
   if (!g.cuda_ok()) {
     g.nccl_error = "NCCL was not loaded because the CUDA runtime is missing: " + g.cuda_error;
     return g;

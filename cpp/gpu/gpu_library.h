@@ -23,7 +23,8 @@ namespace hvdcompat {
 //     `import torch` of a CUDA build loads both, and using torch's copy keeps
 //     one NCCL and one CUDA runtime in the process.
 //  3. Candidates from the Python layer: the libraries PyTorch's CUDA wheels
-//     install (site-packages/nvidia/{cuda_runtime,nccl}/lib, torch/lib).
+//     install (site-packages/nvidia/{cuda_runtime,nccl}/lib; CUDA 13's runtime
+//     in site-packages/nvidia/cu13/lib; torch/lib).
 //  4. The plain sonames, through the system loader (LD_LIBRARY_PATH, ldconfig).
 // A library that loads but lacks a required symbol is rejected with the
 // symbol named. Loaded libraries are never closed.
@@ -62,6 +63,12 @@ struct CudaApi {
   // Optional (CUDA 11.2+): stream-ordered allocation of outputs.
   cudaMallocAsync_fn MallocAsync = nullptr;
   cudaFreeAsync_fn FreeAsync = nullptr;
+  // Optional: whether a device has memory pools, and the default pool's
+  // release threshold (see Note [GPU memory without device syncs]).
+  cudaDeviceGetAttribute_fn DeviceGetAttribute = nullptr;
+  cudaDeviceGetDefaultMemPool_fn DeviceGetDefaultMemPool = nullptr;
+  cudaMemPoolSetAttribute_fn MemPoolSetAttribute = nullptr;
+  cudaMemPoolGetAttribute_fn MemPoolGetAttribute = nullptr;
 
   bool HasStreamOrderedAlloc() const { return MallocAsync && FreeAsync; }
 };

@@ -1,6 +1,7 @@
 #include "gpu/nccl_comm.h"
 
 #include <chrono>
+#include <map>
 
 #include "gpu/gpu_check.h"
 #include "logging.h"
@@ -8,7 +9,16 @@
 
 namespace hvdcompat {
 
-NcclComm::NcclComm(MPI_Comm mpi_comm, int device, std::string what) : what_(std::move(what)) {
+std::timed_mutex& DeviceLaunchMutex(int device) {
+  // Never destroyed: communicators may be released during process exit.
+  static auto* mu = new std::mutex();
+  static auto* locks = new std::map<int, std::timed_mutex>();
+  std::lock_guard<std::mutex> lock(*mu);
+  return (*locks)[device];  // std::map never moves its elements
+}
+
+NcclComm::NcclComm(MPI_Comm mpi_comm, int device, std::string what)
+    : what_(std::move(what)), device_(device) {
   const NcclApi& nccl = Nccl();
   HVD_MPI_CHECK(mpi_comm, MPI_Comm_rank(mpi_comm, &rank_));
   HVD_MPI_CHECK(mpi_comm, MPI_Comm_size(mpi_comm, &size_));
@@ -28,59 +38,91 @@ NcclComm::NcclComm(MPI_Comm mpi_comm, int device, std::string what) : what_(std:
 }
 
 NcclComm::~NcclComm() {
-  if (aborted_.load() || !comm_) return;
+  if (!comm_) return;
   const GpuLibraries& g = Gpu();
   if (!g.nccl_ok()) return;
+  // No launch can be in progress: the owner (the worker) is destroying us.
+  std::lock_guard<std::timed_mutex> device(DeviceLaunchMutex(device_));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return;
+  if (abort_requested_) {
+    AbortNowLocked();
+    return;
+  }
   ncclResult_t rc = g.nccl.CommDestroy(comm_);
   if (rc != ncclSuccess) {
     HVD_LOG(kWarning) << what_ << ": ncclCommDestroy failed: " << NcclErrorText(rc, nullptr);
   }
 }
 
-NcclComm::Launch::Launch(NcclComm& comm) : comm_(&comm), lock_(comm.launch_mu_) {
-  if (comm.aborted_.load()) {
-    // Abort takes state_mu_ before launch_mu_: never hold both the other way.
-    lock_.unlock();
-    std::lock_guard<std::mutex> state(comm.state_mu_);
+NcclComm::Launch::Launch(NcclComm& comm)
+    : device_lock_(DeviceLaunchMutex(comm.device_)), comm_(&comm) {
+  std::lock_guard<std::mutex> lock(comm.mu_);
+  if (comm.abort_requested_) {
+    if (!comm.aborted_) comm.AbortNowLocked();  // deferred by Abort; nobody is inside now
     throw LibraryError(comm.what_ + " was aborted earlier (" + comm.error_ +
                        "); no further GPU collectives can run on it in this job");
   }
+  comm.in_launch_ = true;
+}
+
+NcclComm::Launch::~Launch() {
+  std::lock_guard<std::mutex> lock(comm_->mu_);
+  comm_->in_launch_ = false;
+  // An abort requested while this launch was inside NCCL happens now.
+  if (comm_->abort_requested_ && !comm_->aborted_) comm_->AbortNowLocked();
 }
 
 std::string NcclComm::PollAndAbortOnError() {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  if (aborted_.load()) return error_;
-  ncclResult_t async = ncclSuccess;
-  ncclResult_t rc = Nccl().CommGetAsyncError(comm_, &async);
-  if (rc != ncclSuccess) {
-    AbortLocked("ncclCommGetAsyncError failed: " + NcclErrorText(rc, comm_));
-    return error_;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_requested_) return error_;
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t rc = Nccl().CommGetAsyncError(comm_, &async);
+    if (rc != ncclSuccess) {
+      why = "ncclCommGetAsyncError failed: " + NcclErrorText(rc, comm_);
+    } else if (async != ncclSuccess && async != ncclInProgress) {
+      why = "NCCL reported an asynchronous error: " + NcclErrorText(async, comm_);
+    } else {
+      return "";
+    }
   }
-  if (async == ncclSuccess || async == ncclInProgress) return "";
-  AbortLocked("NCCL reported an asynchronous error: " + NcclErrorText(async, comm_));
-  return error_;
+  Abort(why);
+  return ErrorIfAborted();
+}
+
+std::string NcclComm::ErrorIfAborted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abort_requested_ ? error_ : std::string();
 }
 
 void NcclComm::Abort(const std::string& why) {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  AbortLocked(why);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_requested_) return;
+    abort_requested_ = true;
+    error_ = why + "; the " + what_ + " was aborted";
+  }
+  HVD_LOG(kError) << why << "; aborting the " << what_;
+  // No call on any communicator of this device may overlap the abort.
+  std::unique_lock<std::timed_mutex> device(DeviceLaunchMutex(device_), std::defer_lock);
+  if (!device.try_lock_for(std::chrono::seconds(kAbortGraceSeconds))) {
+    HVD_LOG(kWarning) << what_ << ": a launch on cuda:" << device_ << " has not returned within "
+                      << kAbortGraceSeconds << " s; the abort happens when it does (if it "
+                      << "never does, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS ends the job)";
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_) AbortNowLocked();
 }
 
-void NcclComm::AbortLocked(const std::string& why) {
-  if (aborted_.load()) return;
-  error_ = why + "; the " + what_ + " was aborted";
-  aborted_.store(true);
-  // A launch that does not return within the grace period is stuck on a
-  // peer; aborting is what releases it, so go ahead without the lock.
-  std::unique_lock<std::timed_mutex> launch(launch_mu_, std::defer_lock);
-  if (!launch.try_lock_for(std::chrono::seconds(2))) {
-    HVD_LOG(kWarning) << what_ << ": aborting while a launch is in progress";
-  }
+void NcclComm::AbortNowLocked() {
+  aborted_ = true;
   ncclResult_t rc = Nccl().CommAbort(comm_);
   if (rc != ncclSuccess) {
     HVD_LOG(kWarning) << what_ << ": ncclCommAbort failed: " << NcclErrorText(rc, nullptr);
   }
-  HVD_LOG(kError) << error_;
 }
 
 }  // namespace hvdcompat

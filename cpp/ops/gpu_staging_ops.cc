@@ -27,6 +27,7 @@ StagedGpuBackend::~StagedGpuBackend() {
     DeviceGuard guard(device_);
     // Every Execute ends with this stream drained; this only guards errors.
     Cuda().StreamSynchronize(stream_);
+    life_->End();
     Cuda().StreamDestroy(stream_);
   } catch (const std::exception& e) {
     HVD_LOG(kWarning) << "releasing the staging stream failed: " << e.what();
@@ -38,6 +39,7 @@ void StagedGpuBackend::Setup() {
   events_ = gpu_->Events();
   DeviceGuard guard(device_);
   stream_ = CreateEngineStream();
+  life_ = std::make_shared<StreamLife>(stream_);
 }
 
 void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
@@ -116,7 +118,7 @@ void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) 
                                       cudaMemcpyHostToDevice, stream_));
     }
     for (auto& ob : c->result.outputs) {
-      OwnedBuffer dev = AllocateDeviceOutput(r.dtype, ob.desc().shape, device_, stream_);
+      OwnedBuffer dev = AllocateDeviceOutput(r.dtype, ob.desc().shape, device_, life_);
       if (ob.desc().Bytes() > 0) {
         HVD_CUDA_CHECK(cuda.MemcpyAsync(dev.data(), ob.data(), ob.desc().Bytes(),
                                         cudaMemcpyHostToDevice, stream_));

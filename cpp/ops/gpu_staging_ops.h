@@ -33,6 +33,7 @@ class StagedGpuBackend : public CollectiveBackend {
   GpuContext* gpu_;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
+  std::shared_ptr<StreamLife> life_;  // stream_ as the frees of outputs see it
   std::shared_ptr<EventPool> events_;
   PinnedScratch pinned_;
 };

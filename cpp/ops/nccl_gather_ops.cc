@@ -35,6 +35,10 @@ class NcclGroup {
   bool open_ = true;
 };
 
+// Uneven allgather: padding every block to the largest is used while it
+// moves at most this many times the payload (see NcclBackend::Allgather).
+constexpr size_t kMaxPaddingFactor = 2;
+
 // cudaMemcpy2DAsync rejects pitches past a device limit; stay well below it.
 constexpr size_t kMaxPitch = size_t{1} << 30;
 
@@ -85,7 +89,7 @@ void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lan
     Shape shape = tensors[i].in->shape;
     shape[0] = rows;
     auto& results = tensors[i].entry->result.outputs;
-    results.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.stream));
+    results.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     outs[i] = static_cast<char*>(results.back().data());
   }
   if (total == 0) return;
@@ -100,13 +104,39 @@ void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lan
                                     ncclUint8, launch.get(), lane.stream));
       return;
     }
-    // Uneven blocks: one in-place broadcast per rank, issued as one group.
+    const size_t largest = *std::max_element(rank_bytes.begin(), rank_bytes.end());
+    if (largest * static_cast<size_t>(size_) <= kMaxPaddingFactor * total) {
+      // Mildly uneven (the usual last batch): one allgather of blocks padded
+      // to the largest, in place in the padding buffer, then each block moved
+      // to its offset by a device copy.
+      char* pad = lane.padded.Reserve(largest * static_cast<size_t>(size_), device_,
+                                      lane.stream);
+      CopyDevice(pad + largest * static_cast<size_t>(rank_), base + displ[rank_],
+                 rank_bytes[rank_], lane);
+      HVD_NCCL_CHECK(launch.get(),
+                     nccl.AllGather(pad + largest * static_cast<size_t>(rank_), pad, largest,
+                                    ncclUint8, launch.get(), lane.stream));
+      for (int rk = 0; rk < size_; ++rk) {
+        if (rk != rank_) {
+          CopyDevice(base + displ[rk], pad + largest * static_cast<size_t>(rk), rank_bytes[rk],
+                     lane);
+        }
+      }
+      return;
+    }
+    // Very uneven: padding would move too much; every rank sends its block
+    // to every other rank directly, one group (one kernel) of send/receive pairs.
     NcclGroup group(launch.get());
     for (int rk = 0; rk < size_; ++rk) {
-      if (rank_bytes[rk] == 0) continue;
-      HVD_NCCL_CHECK(launch.get(), nccl.Broadcast(base + displ[rk], base + displ[rk],
-                                                  rank_bytes[rk], ncclUint8, rk, launch.get(),
-                                                  lane.stream));
+      if (rk == rank_) continue;
+      if (rank_bytes[rank_] > 0) {
+        HVD_NCCL_CHECK(launch.get(), nccl.Send(base + displ[rank_], rank_bytes[rank_], ncclUint8,
+                                               rk, launch.get(), lane.stream));
+      }
+      if (rank_bytes[rk] > 0) {
+        HVD_NCCL_CHECK(launch.get(), nccl.Recv(base + displ[rk], rank_bytes[rk], ncclUint8, rk,
+                                               launch.get(), lane.stream));
+      }
     }
     group.End();
   };
@@ -168,7 +198,7 @@ void NcclBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane
     for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
     shape[0] = total_rows;
-    e->result.outputs.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.stream));
+    e->result.outputs.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     char* out = static_cast<char*>(e->result.outputs.back().data());
     const char* src = static_cast<const char*>(in.data);
     std::vector<size_t> sd(size_), rd(size_);

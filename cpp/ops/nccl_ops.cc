@@ -40,6 +40,7 @@ NcclBackend::NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
 }
 
 NcclBackend::~NcclBackend() {
+  watchdog_.reset();  // it holds communicators; the drain below polls them instead
   if (!lanes_.empty()) {
     // Work still on the device refers to the fusion buffers: let it finish
     // (or fail, which aborts its communicator) before freeing anything.
@@ -58,6 +59,9 @@ NcclBackend::~NcclBackend() {
         lane->local.reset();
         lane->cross.reset();
         lane->sources.clear();
+        lane->fusion.Release();
+        lane->padded.Release();
+        if (lane->life) lane->life->End();
         if (lane->stream) Cuda().StreamDestroy(lane->stream);
       }
       lanes_.clear();
@@ -116,6 +120,7 @@ void NcclBackend::Setup() {
       lanes_.push_back(std::make_unique<Lane>());
       Lane& lane = *lanes_.back();
       lane.stream = CreateEngineStream();
+      lane.life = std::make_shared<StreamLife>(lane.stream);
       lane.comm = std::make_shared<NcclComm>(
           comm_, device_, "NCCL communicator " + std::to_string(i) + " of this process set");
       lane.sources.push_back(lane.comm);
@@ -127,10 +132,14 @@ void NcclBackend::Setup() {
       lane->comm.reset();
       lane->local.reset();
       lane->cross.reset();
+      if (lane->life) lane->life->End();
       if (lane->stream) Cuda().StreamDestroy(lane->stream);
     }
     lanes_.clear();
     throw;
+  }
+  if (config_.async_completion) {
+    watchdog_ = std::make_unique<CompletionWatchdog>(config_.stall_shutdown_seconds);
   }
   HVD_LOG(kDebug) << "NCCL " << NcclVersionString(version_) << " on cuda:" << device_ << ", "
                   << lanes_.size() << " lane(s)" << (hierarchical_ ? ", hierarchical" : "");
@@ -226,6 +235,7 @@ void NcclBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
     default: HVD_ENFORCE(false, "NCCL backend asked to run " << OpTypeName(r.op));
   }
   auto done = RecordCompletion(events_, lane.stream, Describe(r), lane.sources);
+  if (watchdog_) watchdog_->Watch(done, Describe(r), lane.sources);
   for (auto& u : units) {
     if (u.entry) u.entry->result.device_done = done;
   }

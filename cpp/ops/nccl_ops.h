@@ -10,6 +10,7 @@
 #include "env.h"
 #include "gpu/device_memory.h"
 #include "gpu/gpu_context.h"
+#include "gpu/gpu_watchdog.h"
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/adasum_mpi.h"
@@ -24,7 +25,9 @@ namespace hvdcompat {
 // one fused response each, so consecutive collectives can overlap on the
 // device; every rank picks the same lane for the same response because all
 // ranks execute responses in the same order. A communicator is never used
-// from two streams, which NCCL forbids.
+// from two streams, which NCCL forbids. Launches hold the device's launch
+// lock (Note [NCCL calls from several threads]), which lanes share: one
+// worker drives them all, so the lock only orders them against other sets.
 //
 // Everything is set up by the first CUDA response (collective over the
 // set): the device, every rank's NCCL version (features are used only when
@@ -54,6 +57,11 @@ namespace hvdcompat {
 // ranks; any number of nodes works (Note [Adasum with any number of ranks]).
 // Where NCCL cannot carry the dtype (bfloat16 before 2.10.3) the response
 // goes to the host-staged backend, which runs Adasum over every rank.
+//
+// Uneven allgather (first dimensions differ between ranks) costs one NCCL
+// collective, not one broadcast per rank: an allgather of blocks padded to
+// the largest while that moves at most twice the payload, else one group of
+// send/receive pairs (one kernel), so launches do not grow with the set.
 class NcclBackend : public CollectiveBackend {
  public:
   // `fallback` runs the responses NCCL cannot (owned here).
@@ -70,10 +78,12 @@ class NcclBackend : public CollectiveBackend {
  private:
   struct Lane {
     cudaStream_t stream = nullptr;
+    std::shared_ptr<StreamLife> life;  // `stream` as the frees of outputs see it
     std::shared_ptr<NcclComm> comm;   // the whole set
     std::shared_ptr<NcclComm> local;  // hierarchical: this node's ranks
     std::shared_ptr<NcclComm> cross;  // hierarchical: same local rank on each node
     DeviceScratch fusion;
+    DeviceScratch padded;  // uneven allgather: blocks padded to the largest
     PinnedScratch host;  // identity values of joined ranks
     std::vector<std::shared_ptr<AsyncErrorSource>> sources;
   };
@@ -111,6 +121,7 @@ class NcclBackend : public CollectiveBackend {
   std::shared_ptr<EventPool> events_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   size_t next_lane_ = 0;
+  std::unique_ptr<CompletionWatchdog> watchdog_;  // with HOROVOD_ENABLE_ASYNC_COMPLETION
 
   bool hierarchical_ = false;
   MPI_Comm local_mpi_ = MPI_COMM_NULL;

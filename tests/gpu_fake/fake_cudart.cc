@@ -4,34 +4,43 @@
 // slice in third_party/), so HVDCOMPAT_CUDART_LIB and HVDCOMPAT_NCCL_LIB can
 // both point at it.
 //
-// "Device" memory is host memory and every stream operation runs at once, in
-// call order. NCCL collectives between processes go through files in
-// $FAKE_NCCL_DIR/<unique id>/: each rank writes its contribution, waits for
-// the others' and computes its result, so collectives work across mpirun
-// ranks on one host. Groups defer their calls to ncclGroupEnd, running sends
-// first, so grouped send/recv pairs cannot deadlock.
+// "Device" memory is host memory, but streams behave as on a GPU: every
+// stream has a queue run in order by a worker thread of its own, so work on
+// different streams runs concurrently and in no fixed order. An event
+// completes when its stream has run everything queued before the record; a
+// stream wait blocks that stream's queue until the event completes;
+// cudaStreamSynchronize waits for one queue, cudaFree/cudaFreeHost for every
+// queue (as the real ones synchronise the device). FAKE_CUDA_OP_DELAY_US
+// (default 0) delays every queued operation, so that work missing an order
+// is still pending when the bug lets something overtake it.
 //
-// Knobs (environment): FAKE_CUDA_DEVICE_COUNT (4), FAKE_NCCL_VERSION
-// (21805), FAKE_NCCL_FAIL_AFTER=N: every communicator reports an
-// asynchronous ncclRemoteError after N collectives, and events recorded
-// from then on stay "not ready" (a kernel stuck on a dead peer) until the
-// communicator is aborted.
-// fake_gpu_stats() exposes counters for the tests (the fake::Stat order).
+// Checks that count in the stats instead of crashing: an event recorded on a
+// stream of another device (cudaErrorInvalidResourceHandle, as CUDA), a
+// cudaFreeAsync on a stream that is not ordered after the buffer's last use
+// (same stream, a stream wait on an event recorded after it, or the host
+// having seen it complete), an operation issued on freed memory.
+//
+// NCCL collectives between processes go through files in
+// $FAKE_NCCL_DIR/<unique id>/ and run on the stream they were issued to (see
+// fake_nccl.cc for its knobs). FAKE_CUDA_DEVICE_COUNT (4) devices.
+// fake_gpu_stats() exposes the counters (the fake::Stat order).
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 
-#include "cuda/cuda_runtime_min.h"
 #include "fake_common.h"
 
 namespace fake {
 
 std::atomic<long> g_stats[kNumStats];
-std::atomic<bool> g_hung{false};
 
 // float16 / bfloat16 conversions (independent of the core's half.h).
 
@@ -92,21 +101,165 @@ unsigned short FloatToBf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-}  // namespace fake
+
+struct Stream {
+  int device = -1;  // -1: a handle the fake did not create
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  uint64_t submitted = 0;  // operations queued so far
+  uint64_t completed = 0;  // operations run so far (in order)
+  uint64_t host_seen = 0;  // the host observed completion up to here
+  bool destroyed = false;
+  std::map<Stream*, uint64_t> after;  // this stream waited for `other` up to seq
+
+  void Run() {
+    const int delay = EnvInt("FAKE_CUDA_OP_DELAY_US", 0);
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [this] { return !queue.empty() || destroyed; });
+      if (queue.empty()) return;  // destroyed and drained; the object is leaked
+      std::function<void()> op = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      op();
+      lock.lock();
+      ++completed;
+      cv.notify_all();
+    }
+  }
+
+  // Blocks until everything queued up to `seq` ran.
+  void WaitFor(uint64_t seq) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= seq; });
+    host_seen = std::max(host_seen, seq);
+  }
+  uint64_t Submitted() {
+    std::lock_guard<std::mutex> lock(mu);
+    return submitted;
+  }
+};
 
 namespace {
 
-using namespace fake;
+// Every object here is leaked on purpose: worker threads and DLPack deleters
+// may still run while the process exits.
+std::mutex g_mu;  // guards the maps below
+std::map<cudaStream_t, Stream*>& Streams() {
+  static auto* m = new std::map<cudaStream_t, Stream*>();
+  return *m;
+}
+std::map<int, Stream*>& Legacy() {
+  static auto* m = new std::map<int, Stream*>();
+  return *m;
+}
 
-std::mutex g_alloc_mu;
-std::map<void*, size_t> g_device_allocs;
+struct Alloc {
+  size_t size = 0;
+  bool stream_ordered = false;
+  bool freed = false;
+  Stream* last = nullptr;  // stream of the last operation on it
+  uint64_t last_seq = 0;
+};
+std::map<const char*, Alloc>& Allocs() {
+  static auto* m = new std::map<const char*, Alloc>();
+  return *m;
+}
+
 thread_local int t_device = 0;
 
+Stream* NewStream(int device) {
+  auto* s = new Stream();
+  s->device = device;
+  std::thread([s] { s->Run(); }).detach();
+  return s;
+}
+
+// The allocation holding `p`; caller holds g_mu.
+Alloc* Find(const void* p) {
+  auto& m = Allocs();
+  auto it = m.upper_bound(static_cast<const char*>(p));
+  if (it == m.begin()) return nullptr;
+  --it;
+  const char* base = it->first;
+  if (static_cast<const char*>(p) >= base + std::max<size_t>(it->second.size, 1)) return nullptr;
+  return &it->second;
+}
+
+// Whether `s` runs after the last operation on `a` (caller holds g_mu).
+bool OrderedAfterLastUse(Stream* s, const Alloc& a) {
+  if (!a.last || a.last == s) return true;
+  {
+    std::lock_guard<std::mutex> lock(a.last->mu);
+    if (a.last->host_seen >= a.last_seq) return true;
+  }
+  std::lock_guard<std::mutex> lock(s->mu);
+  auto it = s->after.find(a.last);
+  return it != s->after.end() && it->second >= a.last_seq;
+}
+
+void DrainAll() {
+  std::vector<Stream*> all;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto& kv : Streams()) all.push_back(kv.second);
+    for (auto& kv : Legacy()) all.push_back(kv.second);
+  }
+  for (Stream* s : all) s->WaitFor(s->Submitted());
+  g_stats[kDeviceSyncs]++;
+}
+
 struct FakeEvent {
-  bool hung = false;  // recorded after an injected failure
+  int device = 0;
+  Stream* stream = nullptr;  // null: never recorded (complete)
+  uint64_t seq = 0;
 };
 
+bool EventDone(const FakeEvent* e) {
+  if (!e->stream) return true;
+  std::lock_guard<std::mutex> lock(e->stream->mu);
+  if (e->stream->completed < e->seq) return false;
+  e->stream->host_seen = std::max(e->stream->host_seen, e->seq);
+  return true;
+}
+
 }  // namespace
+
+int CurrentDevice() { return t_device; }
+
+Stream* ResolveStream(cudaStream_t handle) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!handle) {
+    Stream*& legacy = Legacy()[t_device];
+    if (!legacy) legacy = NewStream(t_device);
+    return legacy;
+  }
+  Stream*& s = Streams()[handle];
+  if (!s) s = NewStream(-1);
+  return s;
+}
+
+void Enqueue(Stream* s, std::function<void()> op, const std::vector<const void*>& touched) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  const uint64_t seq = ++s->submitted;
+  s->queue.push_back(std::move(op));
+  s->cv.notify_all();
+  lock.unlock();
+  std::lock_guard<std::mutex> g(g_mu);
+  for (const void* p : touched) {
+    Alloc* a = p ? Find(p) : nullptr;
+    if (!a) continue;
+    if (a->freed) g_stats[kUseAfterFree]++;
+    a->last = s;
+    a->last_seq = seq;
+  }
+}
+
+}  // namespace fake
+
+using namespace fake;
 
 extern "C" {
 
@@ -130,8 +283,41 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
   std::snprintf(id, static_cast<size_t>(len), "0000:%02x:00.0", device);
   return cudaSuccess;
 }
+// FAKE_CUDA_NO_MEMPOOLS=1: a device without the stream-ordered allocator.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= EnvInt("FAKE_CUDA_DEVICE_COUNT", 4)) {
+    return static_cast<cudaError_t>(101);
+  }
+  if (attr != cudaDevAttrMemoryPoolsSupported) return static_cast<cudaError_t>(1);
+  *value = EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0) ? 0 : 1;
+  return cudaSuccess;
+}
+unsigned long long g_thresholds[64];  // release threshold of each device's default pool
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  unsigned long long* thresholds = g_thresholds;
+  if (device < 0 || device >= 64 || EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) {
+    return static_cast<cudaError_t>(801);  // cudaErrorNotSupported
+  }
+  *pool = reinterpret_cast<cudaMemPool_t>(&thresholds[device]);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (attr != cudaMemPoolAttrReleaseThreshold) return static_cast<cudaError_t>(1);
+  *reinterpret_cast<unsigned long long*>(pool) = *static_cast<unsigned long long*>(value);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (attr != cudaMemPoolAttrReleaseThreshold) return static_cast<cudaError_t>(1);
+  *static_cast<unsigned long long*>(value) = *reinterpret_cast<unsigned long long*>(pool);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = reinterpret_cast<cudaStream_t>(new char[1]);
+  Stream* st = NewStream(t_device);
+  *s = reinterpret_cast<cudaStream_t>(st);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    Streams()[*s] = st;
+  }
   g_stats[kStreamsLive]++;
   return cudaSuccess;
 }
@@ -145,18 +331,53 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete[] reinterpret_cast<char*>(s);
+  Stream* st;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = Streams().find(s);
+    if (!s || it == Streams().end() || it->second->device < 0) {
+      g_stats[kMisuse]++;
+      return static_cast<cudaError_t>(400);
+    }
+    st = it->second;
+    Streams().erase(it);
+  }
+  // As CUDA: returns at once; queued work still runs, then the worker ends.
+  std::lock_guard<std::mutex> lock(st->mu);
+  st->destroyed = true;
+  st->cv.notify_all();
   g_stats[kStreamsLive]--;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { g_stats[kStreamSyncs]++; return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  Stream* st = ResolveStream(s);
+  st->WaitFor(st->Submitted());
+  g_stats[kStreamSyncs]++;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (!e) return static_cast<cudaError_t>(400);
   g_stats[kStreamWaits]++;
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  Stream* st = ResolveStream(s);
+  Stream* on = ev->stream;
+  const uint64_t seq = ev->seq;
+  if (!on || on == st) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    uint64_t& known = st->after[on];
+    known = std::max(known, seq);
+  }
+  Enqueue(st, [on, seq] {
+    std::unique_lock<std::mutex> lock(on->mu);
+    on->cv.wait(lock, [&] { return on->completed >= seq; });
+  }, {});
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  *e = reinterpret_cast<cudaEvent_t>(new FakeEvent());
+  auto* ev = new FakeEvent();
+  ev->device = t_device;
+  *e = reinterpret_cast<cudaEvent_t>(ev);
   g_stats[kEventsLive]++;
   return cudaSuccess;
 }
@@ -165,44 +386,76 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   g_stats[kEventsLive]--;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  reinterpret_cast<FakeEvent*>(e)->hung = g_hung.load();
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  Stream* st = ResolveStream(s);
+  if (st->device >= 0 && st->device != ev->device) {
+    g_stats[kWrongDevice]++;
+    return static_cast<cudaError_t>(400);  // cudaErrorInvalidResourceHandle
+  }
+  ev->stream = st;
+  ev->seq = st->Submitted();
   g_stats[kEventRecords]++;
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return reinterpret_cast<FakeEvent*>(e)->hung && g_hung.load() ? cudaErrorNotReady : cudaSuccess;
+  return EventDone(reinterpret_cast<FakeEvent*>(e)) ? cudaSuccess : cudaErrorNotReady;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  if (ev->stream) ev->stream->WaitFor(ev->seq);
+  return cudaSuccess;
+}
 cudaError_t cudaMalloc(void** p, size_t n) {
   *p = std::malloc(n ? n : 1);
   g_stats[kMallocs]++;
   g_stats[kLiveDevice]++;
-  std::lock_guard<std::mutex> lock(g_alloc_mu);
-  g_device_allocs[*p] = n;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Allocs()[static_cast<const char*>(*p)].size = n;
   return cudaSuccess;
 }
-cudaError_t cudaFree(void* p) {
-  if (!p) return cudaSuccess;
-  {
-    std::lock_guard<std::mutex> lock(g_alloc_mu);
-    if (!g_device_allocs.erase(p)) {
-      g_stats[kMisuse]++;
-      return static_cast<cudaError_t>(1);
-    }
+// Releases `p` (caller holds g_mu). Freed blocks stay mapped (never reused),
+// so a late write is counted instead of corrupting another allocation.
+static cudaError_t FreeLocked(void* p, bool stream_ordered) {
+  auto it = Allocs().find(static_cast<const char*>(p));
+  if (it == Allocs().end() || it->second.freed || it->second.stream_ordered != stream_ordered) {
+    g_stats[kMisuse]++;
+    return static_cast<cudaError_t>(1);
   }
-  std::free(p);
+  it->second.freed = true;
   g_stats[kFrees]++;
   g_stats[kLiveDevice]--;
   return cudaSuccess;
 }
-cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) {
-  g_stats[kAsyncMallocs]++;
-  return cudaMalloc(p, n);
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  DrainAll();  // as CUDA: cudaFree synchronises the device
+  std::lock_guard<std::mutex> lock(g_mu);
+  return FreeLocked(p, false);
 }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s) {
+  if (EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) return static_cast<cudaError_t>(801);
+  Stream* st = ResolveStream(s);
+  g_stats[kAsyncMallocs]++;
+  *p = std::malloc(n ? n : 1);
+  g_stats[kMallocs]++;
+  g_stats[kLiveDevice]++;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Alloc& a = Allocs()[static_cast<const char*>(*p)];
+  a.size = n;
+  a.stream_ordered = true;
+  a.last = st;
+  a.last_seq = st->Submitted();
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (EnvInt("FAKE_CUDA_NO_MEMPOOLS", 0)) return static_cast<cudaError_t>(801);
+  Stream* st = ResolveStream(s);
   g_stats[kAsyncFrees]++;
-  return cudaFree(p);
+  std::lock_guard<std::mutex> lock(g_mu);
+  Alloc* a = Find(p);
+  if (a && !a->freed && !OrderedAfterLastUse(st, *a)) g_stats[kUnorderedFrees]++;
+  return FreeLocked(p, true);
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
   *p = std::malloc(n ? n : 1);
@@ -210,28 +463,36 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  DrainAll();  // as CUDA: cudaFreeHost synchronises the device
   std::free(p);
   g_stats[kHostFrees]++;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
-  std::memmove(d, s, n);
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t st) {
   g_stats[kMemcpys]++;
+  Enqueue(ResolveStream(st), [d, s, n] { std::memmove(d, s, n); }, {d, s});
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h,
-                              cudaMemcpyKind, cudaStream_t) {
+                              cudaMemcpyKind, cudaStream_t st) {
   if (w > dp || w > sp) return static_cast<cudaError_t>(1);
-  for (size_t r = 0; r < h; ++r) {
-    std::memcpy(static_cast<char*>(d) + r * dp, static_cast<const char*>(s) + r * sp, w);
-  }
   g_stats[kMemcpy2Ds]++;
+  Enqueue(ResolveStream(st), [=] {
+    for (size_t r = 0; r < h; ++r) {
+      std::memcpy(static_cast<char*>(d) + r * dp, static_cast<const char*>(s) + r * sp, w);
+    }
+  }, {d, s});
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  std::memset(p, v, n);
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t st) {
   g_stats[kMemsets]++;
+  Enqueue(ResolveStream(st), [p, v, n] { std::memset(p, v, n); }, {p});
   return cudaSuccess;
+}
+
+// Test hook: the release threshold the core set on `device`'s default pool.
+unsigned long long fake_mempool_threshold(int device) {
+  return device >= 0 && device < 64 ? g_thresholds[device] : 0;
 }
 
 // Test hook: copies up to n counters (order of the Stat enum) into out.

@@ -18,21 +18,35 @@ import numpy as np
 import hvdcompat as hvd
 from hvdcompat.basics import Adasum, Average, Max, Min, Product, Sum, _core
 
+# Beside this file (a script's own folder is on sys.path).
+from fake_helpers import STAT_NAMES, dltensor, make, values_of
+
 MODE = os.environ.get("CHECK_MODE", "full")
 FAKE = ctypes.CDLL(os.environ["HVDCOMPAT_NCCL_LIB"])
-STAT_NAMES = [
-    "mallocs", "frees", "async_mallocs", "async_frees", "live_device", "host_allocs",
-    "host_frees", "stream_waits", "event_records", "events_live", "streams_live", "memcpys",
-    "memcpy2ds", "memsets", "allreduces", "broadcasts", "allgathers", "reducescatters", "sends",
-    "recvs", "groups", "premulsums", "redop_destroys", "comms_live", "aborts", "misuse",
-    "stream_syncs", "avg_ops",
-]
-PRODUCER = 0x51  # fake stream handles: the fake ignores them, the core passes them on
-CONSUMER = 0x52
 
-hvd.init()
+if MODE == "process_sets":
+    from hvdcompat.process_sets import ProcessSet
+
+    SETS = [ProcessSet([0, 1]), ProcessSet([1, 2])]
+    hvd.init(process_sets=SETS)
+else:
+    hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 DEV = int(os.environ.get("CHECK_DEVICE", hvd.local_rank()))
+
+
+def _stream_on(device):
+    """A stream of the fake's `device` (the caller's current device stays 0)."""
+    handle = ctypes.c_void_p()
+    assert FAKE.cudaSetDevice(device) == 0
+    assert FAKE.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
+    assert FAKE.cudaSetDevice(0) == 0  # as a thread that never selected the tensor's device
+    return handle.value
+
+
+# The producer's and the consumer's streams, as torch would pass them.
+PRODUCER = _stream_on(DEV)
+CONSUMER = _stream_on(DEV)
 ALL_DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
               "float64", "bool"]
 _names = [0]
@@ -46,23 +60,6 @@ def stats():
 
 # ---------------------------------------------------------------- dtypes
 
-def make(values, dtype):
-    """A contiguous array of `dtype` holding `values` (bfloat16 as raw uint16)."""
-    v = np.asarray(values, dtype=np.float64)
-    if dtype == "bfloat16":
-        bits = v.astype(np.float32).view(np.uint32)
-        return (bits >> 16).astype(np.uint16)
-    if dtype == "bool":
-        return v != 0
-    return v.astype(np.dtype(dtype))
-
-
-def values_of(arr, dtype):
-    if dtype == "bfloat16":
-        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return arr.astype(np.float64)
-
-
 def d(arr, dtype, device=None):
     return (arr.ctypes.data, _core.DTYPES[dtype], tuple(arr.shape),
             DEV if device is None else device, PRODUCER)
@@ -70,32 +67,13 @@ def d(arr, dtype, device=None):
 
 # ---------------------------------------------------------------- capsules
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
-
-
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
 def from_capsule(capsule, like_dtype):
     """Copies a core-allocated device output out of its DLPack capsule.
 
     Checks it is a CUDA tensor of this rank's device. Dropping the capsule
     afterwards runs the core's deleter (a stream-ordered free in the fake).
     """
-    t = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    t = dltensor(capsule)
     assert t.device.device_type == 2, f"expected kDLCUDA, got device type {t.device.device_type}"
     assert t.device.device_id == DEV, f"expected cuda:{DEV}, got cuda:{t.device.device_id}"
     shape = tuple(t.shape[i] for i in range(t.ndim))
@@ -112,15 +90,24 @@ def name(prefix):
 
 
 def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, post=1.0,
-            splits=()):
-    return _core.enqueue(_core.OPS[op], name(prefix), False, 0, reduce_op, root, float(pre),
-                         float(post), list(inputs), list(outputs), [list(s) for s in splits])
+            splits=(), process_set=0):
+    return _core.enqueue(_core.OPS[op], name(prefix), False, process_set, reduce_op, root,
+                         float(pre), float(post), list(inputs), list(outputs),
+                         [list(s) for s in splits])
 
 
 def finish(handle, stream=CONSUMER):
+    """Waits for `handle`, then for the consumer's stream (the host reads the results next,
+    as a kernel queued on that stream would)."""
     code, msg, outs, rsplits, _ = _core.wait(handle, stream)
     if code != 0:
         raise RuntimeError(f"status {code}: {msg}")
+    if stream == 0:  # the legacy stream of this rank's device
+        assert FAKE.cudaSetDevice(DEV) == 0
+        assert FAKE.cudaStreamSynchronize(None) == 0
+        assert FAKE.cudaSetDevice(0) == 0
+    elif stream is not None:
+        assert FAKE.cudaStreamSynchronize(ctypes.c_void_p(stream)) == 0
     return outs, rsplits
 
 
@@ -245,6 +232,33 @@ def check_allgather():
             close(got, np.concatenate(parts), "float32", f"fused allgather uniform={uniform}")
 
 
+def check_uneven_allgather_launches():
+    """Uneven first dimensions cost one NCCL collective, not one broadcast per rank: a padded
+    allgather while padding at most doubles the bytes, else one group of send/recv pairs."""
+    for shape_of in (lambda r: r + 1, lambda r: 10 * SIZE if r == 0 else 1):
+        rows = [shape_of(r) for r in range(SIZE)]
+        x = (np.arange(rows[RANK] * 4) + 1000 * RANK).astype(np.float32).reshape(rows[RANK], 4)
+        before = stats()
+        outs, _ = finish(enqueue("allgather", "allgather", [d(x, "float32")]))
+        after = stats()
+        want = np.concatenate([(np.arange(rows[r] * 4) + 1000 * r).astype(np.float32)
+                               .reshape(rows[r], 4) for r in range(SIZE)])
+        close(from_capsule(outs[0], np.float32), want, "float32", f"uneven allgather {rows}")
+        delta = {k: after[k] - before[k] for k in ("allgathers", "broadcasts", "sends", "recvs",
+                                                    "groups")}
+        if os.environ.get("HOROVOD_GPU_OPERATIONS") == "MPI":
+            assert not any(delta.values()), delta  # host staging: no NCCL at all
+            continue
+        assert delta["broadcasts"] == 0, delta
+        if max(rows) * SIZE <= 2 * sum(rows):
+            assert delta["allgathers"] == 1 and delta["sends"] == 0, (rows, delta)
+        else:
+            assert delta["allgathers"] == 0 and delta["groups"] == 1, (rows, delta)
+            assert delta["sends"] == delta["recvs"] == SIZE - 1, (rows, delta)
+        if RANK == 0:
+            print(f"LAUNCHES: uneven allgather of rows {rows} on {SIZE} ranks: {delta}", flush=True)
+
+
 def check_broadcast():
     root = SIZE - 1
     for dtype in ["float64", "int16", "bfloat16"]:
@@ -341,6 +355,47 @@ def check_wrong_device():
         raise AssertionError("a tensor on another device was accepted")
 
 
+def check_default_stream_of_the_tensors_device():
+    """torch's default stream arrives as 0: the legacy stream of the *current* device. This
+    thread's current device stays 0 while the tensors are on DEV, so the core must select DEV
+    around its event record / stream wait (else CUDA rejects the record, or orders the wrong
+    device's stream)."""
+    x = make(rank_values(1000, RANK, Sum, "float32"), "float32")
+    out = np.zeros_like(x)
+    h = _core.enqueue(_core.OPS["allreduce"], name("legacy"), False, 0, Sum, -1, 1.0, 1.0,
+                      [(x.ctypes.data, _core.DTYPES["float32"], x.shape, DEV, 0)],
+                      [(out.ctypes.data, _core.DTYPES["float32"], out.shape, DEV, 0)], [])
+    finish(h, stream=0)
+    close(out, expected(1000, Sum, "float32"), "float32", "allreduce on the default stream")
+    assert stats()["wrong_device"] == 0, stats()
+
+
+def check_no_device_sync_on_the_hot_path():
+    """Growing the device fusion buffer and the page-locked staging buffer must not call
+    cudaFree / cudaFreeHost, which wait for the whole device (and another thread's kernels)."""
+    fused = [make(rank_values(1000, RANK, Sum, "float32"), "float32") for _ in range(2)]
+    finish(enqueue("allreduce", "grouped_allreduce", [d(x, "float32") for x in fused],
+                   [d(x, "float32") for x in fused], Sum))
+    staged = make(rank_values(1000, RANK, Min, "float32"), "float32")
+    finish(enqueue("allreduce", "allreduce", [d(staged, "float32")], [d(staged, "float32")],
+                   Min, pre=2.0))
+    before = stats()
+    for k in (300_000, 1_500_000):  # each step grows both buffers
+        xs = [make(rank_values(k, RANK, Sum, "float32"), "float32") for _ in range(2)]
+        finish(enqueue("allreduce", "grouped_allreduce", [d(x, "float32") for x in xs],
+                       [d(x, "float32") for x in xs], Sum))
+        for x in xs:
+            close(x, expected(k, Sum, "float32"), "float32", f"grown fusion buffer {k}")
+        y = make(rank_values(k, RANK, Min, "float32"), "float32")
+        finish(enqueue("allreduce", "allreduce", [d(y, "float32")], [d(y, "float32")], Min,
+                       pre=2.0))
+        close(y, np.stack([rank_values(k, r, Min, "float32") * 2 for r in range(SIZE)]).min(0),
+              "float32", f"grown staging buffer {k}")
+    after = stats()
+    assert after["device_syncs"] == before["device_syncs"], \
+        f"cudaFree/cudaFreeHost on the hot path: {before['device_syncs']} -> {after['device_syncs']}"
+
+
 def check_join():
     """The last rank joins at once; the others' allreduces see it contribute identities."""
     if SIZE < 2:
@@ -413,23 +468,41 @@ def check_adasum():
 
 def run_full():
     check_allreduce_every_dtype()
+    check_default_stream_of_the_tensors_device()
+    check_no_device_sync_on_the_hot_path()
     check_wrong_device()  # after the first op bound this rank's device
     check_scaled_allreduce()
     check_fused_allreduce()
     check_allgather()
+    check_uneven_allgather_launches()
     check_broadcast()
     check_alltoall()
     check_reducescatter()
     check_many_in_flight()
     check_poll_and_no_stream()
     check_join()
+    check_memory_pool()
+
+
+def check_memory_pool():
+    """Outputs come from the stream-ordered pool when the device has one (its release
+    threshold raised, so memory is kept between steps), from cudaMalloc when it has none."""
+    FAKE.fake_mempool_threshold.restype = ctypes.c_ulonglong
+    s = stats()
+    if os.environ.get("FAKE_CUDA_NO_MEMPOOLS") == "1":
+        assert s["async_mallocs"] == 0 and s["mallocs"] > 0, s
+    else:
+        assert s["async_mallocs"] > 0, s
+        assert FAKE.fake_mempool_threshold(DEV) >= 1 << 28, FAKE.fake_mempool_threshold(DEV)
 
 
 def run_async_error():
-    """NCCL reports an asynchronous error: synchronize raises instead of hanging."""
+    """NCCL reports an asynchronous error: synchronize raises instead of hanging, and the
+    failed allgather's output (core-allocated, never handed to a consumer stream) is freed in
+    the order of the stream that last wrote it."""
     x = make(rank_values(8, RANK, Sum, "float32"), "float32")
     start = time.time()
-    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    h = enqueue("allgather", "allgather", [d(x, "float32")])
     try:
         finish(h)
     except RuntimeError as e:
@@ -449,6 +522,72 @@ def run_async_error():
         assert "aborted earlier" in str(e) or "shut down" in str(e) or "failed" in str(e), str(e)
     else:
         raise AssertionError("an op on an aborted communicator succeeded")
+    s = stats()
+    assert s["unordered_frees"] == 0 and s["use_after_free"] == 0, s
+
+
+def run_async_watchdog():
+    """HOROVOD_ENABLE_ASYNC_COMPLETION=1: synchronize() only orders the consumer's stream, so
+    no host thread waits. A peer dying mid-collective (FAKE_NCCL_ERROR_DELAY_MS later) must
+    still abort the communicator, releasing the consumer's stream, and fail later ops."""
+    import threading
+
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    assert code == 0, (code, msg)  # the error is not known yet
+    released = threading.Event()
+
+    def consumer():
+        FAKE.cudaStreamSynchronize(ctypes.c_void_p(CONSUMER))
+        released.set()
+
+    threading.Thread(target=consumer, daemon=True).start()
+    if not released.wait(30):
+        print(f"rank {RANK}: the consumer's stream was never released: no watchdog aborted "
+              f"the failed communicator ({stats()})", flush=True)
+        os._exit(1)
+    assert stats()["aborts"] >= 1, stats()
+    h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    assert code == _core.STATUS["internal"] and "aborted" in msg, (code, msg)
+
+
+def run_abort_during_launch():
+    """The first op fails asynchronously (FAKE_NCCL_ERROR_DELAY_MS after it starts) while the
+    worker is inside the next op's NCCL call (FAKE_NCCL_HANG_CALL_MS, issued in a later cycle):
+    the abort must wait for that call to return."""
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    y = make(rank_values(8, RANK, Sum, "float64"), "float64")
+    h1 = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+    time.sleep(0.3)
+    h2 = enqueue("allreduce", "allreduce", [d(y, "float64")], [d(y, "float64")], Sum)
+    for h in (h1, h2):
+        code, msg, _, _, _ = _core.wait(h, CONSUMER)
+        assert code == _core.STATUS["internal"] and "asynchronous error" in msg, (code, msg)
+    s = stats()
+    assert s["aborts"] >= 1 and s["abort_in_call"] == 0, s
+
+
+def run_process_sets():
+    """Two process sets on rank 1 (sets [0, 1] and [1, 2]) launch NCCL work from two worker
+    threads on one device: the launches must never overlap (FAKE_NCCL_CALL_US widens them)."""
+    mine = [ps for ps in SETS if RANK in ps.ranks]
+    arrays, handles = [], []
+    for k in range(40):
+        for ps in mine:
+            x = make(rank_values(16 + k, RANK, Sum, "float32"), "float32")
+            arrays.append((x, ps, k))
+            handles.append(_core.enqueue(_core.OPS["allreduce"], f"ps{ps.process_set_id}.ar{k}",
+                                         False, ps.process_set_id, Sum, -1, 1.0, 1.0,
+                                         [d(x, "float32")], [d(x, "float32")], []))
+    for h in handles:
+        finish(h)
+    for x, ps, k in arrays:
+        want = np.stack([rank_values(16 + k, r, Sum, "float32") for r in ps.ranks]).sum(0)
+        close(x, want, "float32", f"allreduce on process set {ps.ranks}")
+    s = stats()
+    assert s["concurrent_launches"] == 0, f"NCCL launches overlapped on one device: {s}"
 
 
 def run_duplicate_device():
@@ -464,6 +603,12 @@ if MODE == "async_error":
     run_async_error()
 elif MODE == "adasum":
     check_adasum()
+elif MODE == "async_watchdog":
+    run_async_watchdog()
+elif MODE == "abort_during_launch":
+    run_abort_during_launch()
+elif MODE == "process_sets":
+    run_process_sets()
 elif MODE == "duplicate":
     run_duplicate_device()
 else:
@@ -478,8 +623,10 @@ else:
         assert s["comms_live"] == expect_lanes * per_lane, s
 
 hvd.shutdown()
+for handle in (PRODUCER, CONSUMER):
+    assert FAKE.cudaStreamDestroy(ctypes.c_void_p(handle)) == 0
 s = stats()
-if MODE not in ("async_error",):
+if MODE not in ("async_error", "async_watchdog", "abort_during_launch"):
     assert s["comms_live"] == 0, f"communicators left after shutdown: {s}"
 assert s["streams_live"] == 0, f"streams left after shutdown: {s}"
 assert s["live_device"] == 0, f"device memory left after shutdown: {s}"

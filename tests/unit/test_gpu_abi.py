@@ -1,11 +1,14 @@
 """Our CUDA runtime / NCCL declarations (third_party/) against the vendors' headers and libraries.
 
-Runs what this machine allows: the header checks compile tests/gpu_abi/*.cc
-(static_asserts on enum values, struct sizes and every function type) when a
-toolkit header is found; the library check loads real libcudart/libnccl when
-present. Point HVDCOMPAT_TEST_GPU_WHEELS at a directory made with
-``pip install --target DIR nvidia-nccl-cu12 nvidia-cuda-runtime-cu12`` to run
-them all on a machine without CUDA.
+The header checks compile tests/gpu_abi/*.cc (static_asserts on enum values,
+struct sizes and every function type) against the vendors' headers, found in
+this order: ``HVDCOMPAT_TEST_GPU_WHEELS`` (a ``pip install --target`` folder
+of the NVIDIA wheels), the header cache of tests/gpu_abi/fetch_headers.py
+(filled on first use when ``HVDCOMPAT_TEST_GPU_HEADERS=fetch``, as CI sets
+it; then a missing header is a failure, not a skip), the installed
+``nvidia.*`` packages, a CUDA toolkit. The library check loads real
+libcudart/libnccl when their wheels are present (CUDA 12 and CUDA 13
+layouts).
 """
 
 import glob
@@ -20,12 +23,33 @@ import pytest
 from harness import REPO, mpi_env
 
 ABI_DIR = os.path.join(REPO, "tests", "gpu_abi")
+FETCH = os.environ.get("HVDCOMPAT_TEST_GPU_HEADERS") == "fetch"
+# CUDA 12 wheels install nvidia/cuda_runtime/, CUDA 13 ones nvidia/cu13/.
+RUNTIME_COMPONENTS = ("cuda_runtime", "cu13")
+_header_root = []
 
 
-def _nvidia_roots():
+def _cached_headers():
+    """The header cache's root ('' when absent and not asked to fetch)."""
+    if not _header_root:
+        sys.path.insert(0, ABI_DIR)
+        try:
+            import fetch_headers
+        finally:
+            sys.path.remove(ABI_DIR)
+        root = os.path.join(fetch_headers.default_cache_dir(), fetch_headers._key())
+        if FETCH:
+            root = fetch_headers.fetch_headers()
+        _header_root.append(root if os.path.exists(os.path.join(root, "complete")) else "")
+    return _header_root[0]
+
+
+def _nvidia_roots(headers=False):
     roots = []
     if os.environ.get("HVDCOMPAT_TEST_GPU_WHEELS"):
         roots.append(os.path.join(os.environ["HVDCOMPAT_TEST_GPU_WHEELS"], "nvidia"))
+    if headers and _cached_headers():
+        roots.append(os.path.join(_cached_headers(), "nvidia"))
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
@@ -35,18 +59,25 @@ def _nvidia_roots():
     return roots
 
 
-def _include_dirs(component, header, system):
-    dirs = [os.path.join(root, component, "include") for root in _nvidia_roots()]
+def _include_dirs(components, header, system):
+    dirs = [os.path.join(root, c, "include") for root in _nvidia_roots(headers=True)
+            for c in components]
     dirs += system
     return [d for d in dirs if os.path.exists(os.path.join(d, header))]
 
 
 def _cuda_includes():
-    found = _include_dirs("cuda_runtime", "cuda_runtime_api.h",
+    """cuda_runtime_api.h plus what it includes: crt/ (nvcc's wheel) and nv/target (CCCL's)."""
+    found = _include_dirs(RUNTIME_COMPONENTS, "cuda_runtime_api.h",
                           ["/usr/local/cuda/include", "/usr/include"])
-    # A wheel's headers lack crt/; a toolkit's provide it.
-    crt = [d for d in ["/usr/local/cuda/include"] if os.path.isdir(os.path.join(d, "crt"))]
-    return (found[:1] + crt) if found else []
+    if not found:
+        return []
+    extra = []
+    for component, probe in (("cuda_nvcc", "crt"), ("cuda_cccl", "nv")):
+        if os.path.exists(os.path.join(found[0], probe)):
+            continue  # a toolkit's (or CUDA 13's) include folder has it already
+        extra += _include_dirs([component], probe, ["/usr/local/cuda/include"])[:1]
+    return found[:1] + extra
 
 
 def _compile(source, includes):
@@ -61,14 +92,26 @@ def _compile(source, includes):
 
 def test_cuda_runtime_declarations_match_the_toolkit_header():
     includes = _cuda_includes()
+    assert includes or not FETCH, "HVDCOMPAT_TEST_GPU_HEADERS=fetch, yet no cuda_runtime_api.h"
     if not includes:
         pytest.skip("no cuda_runtime_api.h here (set HVDCOMPAT_TEST_GPU_WHEELS)")
     _compile("check_cuda_abi.cc", includes)
 
 
+def test_cuda_runtime_declarations_match_the_cuda13_headers():
+    root = _cached_headers()
+    include = os.path.join(root, "nvidia", "cu13", "include") if root else ""
+    found = include and os.path.exists(os.path.join(include, "cuda_runtime_api.h"))
+    assert found or not FETCH, "HVDCOMPAT_TEST_GPU_HEADERS=fetch, yet no CUDA 13 headers"
+    if not found:
+        pytest.skip("no CUDA 13 headers cached (HVDCOMPAT_TEST_GPU_HEADERS=fetch fetches them)")
+    _compile("check_cuda_abi.cc", [include])
+
+
 def test_nccl_declarations_match_nccl_h():
-    nccl = _include_dirs("nccl", "nccl.h", ["/usr/include", "/usr/local/include"])
+    nccl = _include_dirs(["nccl"], "nccl.h", ["/usr/include", "/usr/local/include"])
     cuda = _cuda_includes()
+    assert (nccl and cuda) or not FETCH, "HVDCOMPAT_TEST_GPU_HEADERS=fetch, yet no nccl.h"
     if not nccl or not cuda:
         pytest.skip("no nccl.h (and cuda_runtime_api.h) here (set HVDCOMPAT_TEST_GPU_WHEELS)")
     _compile("check_nccl_abi.cc", nccl[:1] + cuda)
@@ -82,7 +125,8 @@ def _libs(component, pattern):
 
 
 def test_the_real_libraries_load_with_every_required_symbol():
-    cudart, nccl = _libs("cuda_runtime", "libcudart.so.*"), _libs("nccl", "libnccl.so.*")
+    cudart = _libs("cuda_runtime", "libcudart.so.*") + _libs("cu13", "libcudart.so.*")
+    nccl = _libs("nccl", "libnccl.so.*")
     if not cudart or not nccl:
         pytest.skip("no NCCL/CUDA runtime wheels here (set HVDCOMPAT_TEST_GPU_WHEELS)")
     env = mpi_env()

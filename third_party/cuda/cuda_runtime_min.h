@@ -25,6 +25,7 @@ extern "C" {
 
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUmemPoolHandle_st* cudaMemPool_t;
 
 /* Only the codes the core tests for by value; any other value is reported
  * through cudaGetErrorString. The last enumerator only widens the enum's
@@ -44,6 +45,17 @@ typedef enum {
   cudaMemcpyDefault = 4,
 } cudaMemcpyKind;
 
+/* The device attribute and memory-pool attribute the core queries or sets. */
+typedef enum {
+  cudaDevAttrMemoryPoolsSupported = 115,
+  cudaDevAttrHvdRangeEnd = 0x7fffffff,
+} cudaDeviceAttr;
+
+typedef enum {
+  cudaMemPoolAttrReleaseThreshold = 0x4, /* value: unsigned long long (bytes) */
+  cudaMemPoolAttrHvdRangeEnd = 0x7fffffff,
+} cudaMemPoolAttr;
+
 /* cudaStreamCreateWithFlags: no implicit synchronisation with the legacy
  * default stream. */
 #define HVD_CUDA_STREAM_NON_BLOCKING 0x01u
@@ -60,6 +72,7 @@ typedef cudaError_t (*cudaGetDeviceCount_fn)(int* count);
 typedef cudaError_t (*cudaGetDevice_fn)(int* device);
 typedef cudaError_t (*cudaSetDevice_fn)(int device);
 typedef cudaError_t (*cudaDeviceGetPCIBusId_fn)(char* pci_bus_id, int len, int device);
+typedef cudaError_t (*cudaDeviceGetAttribute_fn)(int* value, cudaDeviceAttr attr, int device);
 
 typedef cudaError_t (*cudaStreamCreateWithFlags_fn)(cudaStream_t* stream, unsigned int flags);
 typedef cudaError_t (*cudaStreamCreateWithPriority_fn)(cudaStream_t* stream, unsigned int flags,
@@ -82,6 +95,11 @@ typedef cudaError_t (*cudaFree_fn)(void* ptr);
 /* Stream-ordered allocator (CUDA 11.2+). */
 typedef cudaError_t (*cudaMallocAsync_fn)(void** ptr, size_t size, cudaStream_t stream);
 typedef cudaError_t (*cudaFreeAsync_fn)(void* ptr, cudaStream_t stream);
+typedef cudaError_t (*cudaDeviceGetDefaultMemPool_fn)(cudaMemPool_t* pool, int device);
+typedef cudaError_t (*cudaMemPoolSetAttribute_fn)(cudaMemPool_t pool, cudaMemPoolAttr attr,
+                                                  void* value);
+typedef cudaError_t (*cudaMemPoolGetAttribute_fn)(cudaMemPool_t pool, cudaMemPoolAttr attr,
+                                                  void* value);
 typedef cudaError_t (*cudaHostAlloc_fn)(void** ptr, size_t size, unsigned int flags);
 typedef cudaError_t (*cudaFreeHost_fn)(void* ptr);
 
