@@ -73,14 +73,18 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
   for (auto& b : backends_) b->set_activity(&timeline_sink_);
   if (id_ == 0) {
-    stats_->tuning.Start(TunedFromConfig(config_));
+    TunedParams start = TunedFromConfig(config_);
+    start.active = config_.autotune;
+    stats_->tuning.Start(start);
     if (config_.autotune && rank_ == 0) {
       AutotuneOptions options = AutotuneOptions::FromConfig(config_);
       bool hierarchical = false;
       for (auto& b : backends_) hierarchical = hierarchical || b->TunesHierarchical();
       options.tune_hierarchical_allreduce =
           hierarchical && !KnobExplicit(Knob::kHierarchicalAllreduce);
-      tuner_ = std::make_unique<ParameterManager>(options, TunedFromConfig(config_), Clock::now());
+      tuner_ = std::make_unique<ParameterManager>(options, start, Clock::now());
+      // Nothing to tune: say so to every rank in the first cycle.
+      if (!tuner_->active()) controller_.AnnounceParams(tuner_->current());
     }
   }
   // While waiting for peers, keep stall reports flowing (runs on this thread).

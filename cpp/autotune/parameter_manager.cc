@@ -49,7 +49,7 @@ double Halton(int i, int b) {
   return r;
 }
 
-int64_t PositiveInt(const Config& c, int64_t v, const char* name) {
+int64_t PositiveInt(int64_t v, const char* name) {
   if (v < 1) {
     throw InvalidArgument(std::string("HOROVOD_") + name + "=" + std::to_string(v) +
                           " is not valid: expected an integer of at least 1 (autotune, "
@@ -74,9 +74,9 @@ AutotuneOptions AutotuneOptions::FromConfig(const Config& c) {
   AutotuneOptions o;
   o.log_path = c.autotune_log;
   o.warmup_samples = c.autotune_warmup_samples;
-  o.steps_per_sample = PositiveInt(c, c.autotune_steps_per_sample, "AUTOTUNE_STEPS_PER_SAMPLE");
+  o.steps_per_sample = PositiveInt(c.autotune_steps_per_sample, "AUTOTUNE_STEPS_PER_SAMPLE");
   o.bayes_opt_max_samples =
-      PositiveInt(c, c.autotune_bayes_opt_max_samples, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES");
+      PositiveInt(c.autotune_bayes_opt_max_samples, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES");
   o.gaussian_process_noise = c.autotune_gaussian_process_noise;
   o.fixed_fusion_threshold = KnobExplicit(Knob::kFusionThreshold);
   o.fixed_cycle_time = KnobExplicit(Knob::kCycleTimeMs);
@@ -111,7 +111,7 @@ ParameterManager::ParameterManager(const AutotuneOptions& options, const TunedPa
   }
   active_ = !dims_.empty() || options_.tune_hierarchical_allreduce ||
             options_.tune_hierarchical_allgather;
-  if (!dims_.empty()) current_ = FromCube(ToCube(initial_));  // on the search grid
+  if (!active_) current_.active = false;
   StartSample(now);
   if (!options_.log_path.empty()) {
     log_.open(options_.log_path, std::ios::out | std::ios::trunc);
