@@ -263,6 +263,7 @@ void RegisterAutotuneTesting(py::module_& m) {
       .def("add_sample", &BayesianOptimizer::AddSample)
       .def("next_sample", &BayesianOptimizer::NextSample)
       .def("fit", &BayesianOptimizer::Fit)
+      .def("best_sample", &BayesianOptimizer::BestSample)
       .def("expected_improvement", &BayesianOptimizer::ExpectedImprovementAt)
       .def_property_readonly("standardized", &BayesianOptimizer::standardized)
       .def_property_readonly("incumbent", &BayesianOptimizer::incumbent)

@@ -43,11 +43,19 @@ void BayesianOptimizer::Fit() {
   // With noisy scores the best observation overstates its point; the
   // model's mean there is the fairer incumbent.
   incumbent_ = -std::numeric_limits<double>::infinity();
-  for (const auto& x : x_) {
+  for (size_t i = 0; i < x_.size(); ++i) {
     double m, s;
-    gp_.Predict(x, &m, &s);
-    incumbent_ = std::max(incumbent_, m);
+    gp_.Predict(x_[i], &m, &s);
+    if (m > incumbent_) {
+      incumbent_ = m;
+      incumbent_index_ = i;
+    }
   }
+}
+
+size_t BayesianOptimizer::BestSample() {
+  Fit();
+  return incumbent_index_;
 }
 
 double BayesianOptimizer::ExpectedImprovementAt(const Point& x) const {

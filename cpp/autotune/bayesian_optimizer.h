@@ -40,6 +40,9 @@ class BayesianOptimizer {
   // posterior mean over the samples) EI is measured against.
   const std::vector<double>& standardized() const { return ys_; }
   double incumbent() const { return incumbent_; }
+  // Index of the sample with the largest posterior mean (the incumbent):
+  // with noisy scores, a better pick than the largest score. Fits first.
+  size_t BestSample();
   double xi() const { return xi_; }
 
  private:
@@ -52,6 +55,7 @@ class BayesianOptimizer {
   std::vector<double> ys_;
   GaussianProcess gp_;
   double incumbent_ = 0;
+  size_t incumbent_index_ = 0;
 };
 
 }  // namespace hvdcompat

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
 
 #include "common.h"
 #include "logging.h"
@@ -223,18 +224,20 @@ std::optional<TunedParams> ParameterManager::Score(double score) {
   }
   WriteRow(current_, score);
   HVD_LOG(kInfo) << "Autotuner: [" << current_.ToString() << "] score " << score;
-  if (score > best_score_) {
-    best_score_ = score;
-    best_ = current_;
-  }
   if (stage_ == Stage::kJoint && !dims_.empty()) {
     bo_.AddSample(ToCube(current_), score);
+    joint_.emplace_back(current_, score);
     ++evaluated_;
     if (evaluated_ < options_.bayes_opt_max_samples) {
       const size_t k = static_cast<size_t>(evaluated_ - 1);
       current_ = FromCube(k < design_.size() ? design_[k] : bo_.NextSample());
       return current_;
     }
+    std::tie(best_, best_score_) = joint_[bo_.BestSample()];
+  } else if (score > best_score_) {
+    // A flag tried on top of the best point: keep it only if it scored better.
+    best_score_ = score;
+    best_ = current_;
   }
   return NextStage();
 }

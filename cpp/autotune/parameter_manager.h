@@ -15,9 +15,13 @@
 // is the first point scored, then three space-filling points, then the
 // points of largest expected improvement, `bayes_opt_max_samples` points in
 // all. Then, where a backend can switch them per cycle, the hierarchical
-// flags are tried one at a time on top of the best point. Knobs the user set
-// (in the environment or by hvdcompatrun flags) keep their value and leave
-// the search. The best-scoring configuration is kept when the search ends.
+// flags are tried one at a time on top of the best point. The best point of
+// the joint search is the one the model rates highest (largest posterior
+// mean), not the luckiest score: on a busy machine one sample of a
+// configuration can beat its true speed by more than the knobs matter.
+// Knobs the user set (in the environment or by hvdcompatrun flags) keep
+// their value and leave the search. The best configuration is kept when the
+// search ends.
 // Every change is announced in negotiation, so all ranks switch together
 // (Note [Tuned params in negotiation], controller.h).
 //
@@ -117,6 +121,7 @@ class ParameterManager {
   int64_t warmup_left_;
   Stage stage_ = Stage::kJoint;
   int64_t evaluated_ = 0;  // configurations scored in the joint stage
+  std::vector<std::pair<TunedParams, double>> joint_;  // those and their scores
   TunedParams current_;
   TunedParams best_;
   double best_score_ = -1;
