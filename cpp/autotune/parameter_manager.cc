@@ -234,6 +234,25 @@ std::optional<TunedParams> ParameterManager::Score(double score) {
       return current_;
     }
     std::tie(best_, best_score_) = joint_[bo_.BestSample()];
+    if (best_ != joint_[0].first) {
+      stage_ = Stage::kConfirmStart;
+      current_ = joint_[0].first;
+      return current_;
+    }
+  } else if (stage_ == Stage::kConfirmStart) {
+    confirm_start_score_ = score;
+    stage_ = Stage::kConfirmBest;
+    current_ = best_;
+    return current_;
+  } else if (stage_ == Stage::kConfirmBest) {
+    // Scored back to back, under the same load, and neither chosen for a
+    // lucky score: the fairest comparison the search has.
+    if (confirm_start_score_ >= score) {
+      best_ = joint_[0].first;
+      best_score_ = confirm_start_score_;
+    } else {
+      best_score_ = score;
+    }
   } else if (score > best_score_) {
     // A flag tried on top of the best point: keep it only if it scored better.
     best_score_ = score;
@@ -245,7 +264,8 @@ std::optional<TunedParams> ParameterManager::Score(double score) {
 std::optional<TunedParams> ParameterManager::NextStage() {
   // Each flag is tried once, flipped, on top of the best point so far.
   while (true) {
-    if (stage_ == Stage::kJoint) {
+    if (stage_ == Stage::kJoint || stage_ == Stage::kConfirmStart ||
+        stage_ == Stage::kConfirmBest) {
       stage_ = Stage::kHierAllreduce;
       if (options_.tune_hierarchical_allreduce) {
         current_ = best_;

@@ -18,7 +18,11 @@
 // flags are tried one at a time on top of the best point. The best point of
 // the joint search is the one the model rates highest (largest posterior
 // mean), not the luckiest score: on a busy machine one sample of a
-// configuration can beat its true speed by more than the knobs matter.
+// configuration can beat its true speed by more than the knobs matter. For
+// the same reason, when that point is not the starting configuration, both
+// are scored once more, back to back, and the starting one is kept unless
+// the other beats it there: a point chosen for one lucky score must win a
+// fresh comparison before it replaces the defaults.
 // Knobs the user set (in the environment or by hvdcompatrun flags) keep
 // their value and leave the search. The best configuration is kept when the
 // search ends.
@@ -102,7 +106,7 @@ class ParameterManager {
   TunedParams FromCube(const Point& x) const;
 
  private:
-  enum class Stage { kJoint, kHierAllreduce, kHierAllgather, kDone };
+  enum class Stage { kJoint, kConfirmStart, kConfirmBest, kHierAllreduce, kHierAllgather, kDone };
   enum class Dim { kFusionThreshold, kCycleTime, kFusionChunk, kMaxCall };
 
   std::optional<TunedParams> Score(double score);
@@ -122,6 +126,7 @@ class ParameterManager {
   Stage stage_ = Stage::kJoint;
   int64_t evaluated_ = 0;  // configurations scored in the joint stage
   std::vector<std::pair<TunedParams, double>> joint_;  // those and their scores
+  double confirm_start_score_ = 0;  // the starting configuration, scored again
   TunedParams current_;
   TunedParams best_;
   double best_score_ = -1;
