@@ -174,6 +174,14 @@ Config Config::FromEnvironment() {
   c.autotune_steps_per_sample = KnobInt(Knob::kAutotuneStepsPerSample);
   c.autotune_bayes_opt_max_samples = KnobInt(Knob::kAutotuneBayesOptMaxSamples);
   c.autotune_gaussian_process_noise = KnobDouble(Knob::kAutotuneGaussianProcessNoise);
+  // Checked here, on every rank alike, so a bad value fails every rank's init.
+  for (Knob k : {Knob::kAutotuneStepsPerSample, Knob::kAutotuneBayesOptMaxSamples}) {
+    if (KnobInt(k) < 1) {
+      std::string source;
+      std::string v = KnobString(k, &source);
+      BadValue(k, v, source, "an integer of at least 1");
+    }
+  }
   return c;
 }
 

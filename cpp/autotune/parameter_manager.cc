@@ -50,15 +50,6 @@ double Halton(int i, int b) {
   return r;
 }
 
-int64_t PositiveInt(int64_t v, const char* name) {
-  if (v < 1) {
-    throw InvalidArgument(std::string("HOROVOD_") + name + "=" + std::to_string(v) +
-                          " is not valid: expected an integer of at least 1 (autotune, "
-                          "HOROVOD_AUTOTUNE=1).");
-  }
-  return v;
-}
-
 std::string Csv(double v) {
   std::ostringstream os;
   os << std::setprecision(10) << v;
@@ -75,9 +66,8 @@ AutotuneOptions AutotuneOptions::FromConfig(const Config& c) {
   AutotuneOptions o;
   o.log_path = c.autotune_log;
   o.warmup_samples = c.autotune_warmup_samples;
-  o.steps_per_sample = PositiveInt(c.autotune_steps_per_sample, "AUTOTUNE_STEPS_PER_SAMPLE");
-  o.bayes_opt_max_samples =
-      PositiveInt(c.autotune_bayes_opt_max_samples, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES");
+  o.steps_per_sample = c.autotune_steps_per_sample;
+  o.bayes_opt_max_samples = c.autotune_bayes_opt_max_samples;
   o.gaussian_process_noise = c.autotune_gaussian_process_noise;
   o.fixed_fusion_threshold = KnobExplicit(Knob::kFusionThreshold);
   o.fixed_cycle_time = KnobExplicit(Knob::kCycleTimeMs);

@@ -64,8 +64,8 @@ struct AutotuneOptions {
   bool cache_enabled = true;  // reported in the log's cache_enabled column
   uint64_t seed = 2018;       // proposals are reproducible for a given history
 
-  // From the HOROVOD_AUTOTUNE_* knobs of `config`, and which tunables the
-  // environment sets explicitly. Throws InvalidArgument for bad values.
+  // From the HOROVOD_AUTOTUNE_* knobs of `config` (validated there), and
+  // which tunables the environment sets explicitly.
   static AutotuneOptions FromConfig(const Config& config);
 };
 
