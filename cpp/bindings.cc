@@ -171,7 +171,38 @@ py::dict Stats() {
   d["fused_tensors"] = s.fused_tensors.load();
   d["bytes"] = s.bytes.load();
   d["errors"] = s.errors.load();
+  // The tunables in effect now (the autotuner may have changed them).
+  const TunedParams t = s.tuning.current();
+  d["fusion_threshold_bytes"] = t.fusion_threshold_bytes;
+  d["cycle_time_ms"] = t.cycle_time_ms;
+  d["fusion_chunk_bytes"] = t.fusion_chunk_bytes;
+  d["max_call_bytes"] = t.max_call_bytes;
+  d["hierarchical_allreduce"] = t.hierarchical_allreduce;
+  d["autotune_active"] = t.active;
+  d["autotune_changes"] = s.tuning.changes();
   return d;
+}
+
+py::dict TunedDict(const TunedParams& t) {
+  py::dict d;
+  d["fusion_threshold_bytes"] = t.fusion_threshold_bytes;
+  d["cycle_time_ms"] = t.cycle_time_ms;
+  d["fusion_chunk_bytes"] = t.fusion_chunk_bytes;
+  d["max_call_bytes"] = t.max_call_bytes;
+  d["hierarchical_allreduce"] = t.hierarchical_allreduce;
+  d["hierarchical_allgather"] = t.hierarchical_allgather;
+  d["active"] = t.active;
+  return d;
+}
+
+py::list AutotuneHistory() {
+  py::list out;
+  for (const auto& c : Rt().stats().tuning.history()) {
+    py::dict d = TunedDict(c.params);
+    d["cycle"] = c.cycle;
+    out.append(d);
+  }
+  return out;
 }
 
 py::dict ConfigDict() {
@@ -281,6 +312,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("process_set_ids", [] { return Rt().ProcessSetIds(); });
   m.def("engine_stats", &Stats);
   m.def("reset_engine_stats", [] { Rt().stats().Reset(); });
+  m.def("autotune_history", &AutotuneHistory);
   m.def("config", &ConfigDict);
   m.def("knobs", &Knobs);
   m.def("build_info", &BuildInfo);

@@ -8,6 +8,7 @@ namespace {
 constexpr uint64_t kNeedSlowPath = 1u << 0;
 constexpr uint64_t kShutdown = 1u << 1;
 constexpr uint64_t kSomeJoined = 1u << 2;
+constexpr uint64_t kParamsUpdate = 1u << 3;
 constexpr uint64_t kAllJoined = 1u << 0;
 
 bool TestBit(const uint64_t* words, uint32_t bit) { return (words[bit / 64] >> (bit % 64)) & 1; }
@@ -33,6 +34,11 @@ void Controller::Submit(const Request& request, Clock::time_point now) {
   by_name_[request.name] = std::prev(pending_.end());
 }
 
+void Controller::AnnounceParams(const TunedParams& params) {
+  HVD_ENFORCE(coordinator_, "only set rank 0 announces tuned parameters");
+  announce_ = params;
+}
+
 void Controller::Demote(uint32_t bit, bool bypass_cache) {
   for (auto& l : pending_) {
     if (l.state == State::kCached && l.bit == bit) {
@@ -52,6 +58,7 @@ void Controller::Forget(const std::string& name) {
 Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point now,
                                          double stall_seconds) {
   ++stats_->cycles;
+  ++cycles_;
   const size_t w = cache_.NumWords();
   std::vector<uint64_t> words(FlagWords::Size(w), 0);
   uint64_t* invalid = words.data() + FlagWords::kHeader;
@@ -97,7 +104,8 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
   }
   std::string blob = to_send.empty() ? std::string() : EncodeRequests(to_send);
   words[FlagWords::kOr] = (to_send.empty() ? 0 : kNeedSlowPath) | (want_shutdown ? kShutdown : 0) |
-                          (joined ? kSomeJoined : 0);
+                          (joined ? kSomeJoined : 0) |
+                          (announce_ ? kParamsUpdate | kNeedSlowPath : 0);
   words[FlagWords::kAnd] = joined ? kAllJoined : 0;
   words[FlagWords::kMax] = blob.size();
 
@@ -147,9 +155,18 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
         for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
       }
       reply = EncodeResponses(coordinator_->TakeReady());
+      if (announce_) {
+        reply = EncodeTunedParams(*announce_) + reply;
+        announce_.reset();
+      }
     }
     transport_->BroadcastBlob(&reply);
-    std::vector<Response> decided = DecodeResponses(reply.data(), reply.size());
+    size_t skip = 0;
+    if (words[FlagWords::kOr] & kParamsUpdate) {
+      out.params = DecodeTunedParams(reply.data(), reply.size());
+      skip = kTunedParamsBytes;
+    }
+    std::vector<Response> decided = DecodeResponses(reply.data() + skip, reply.size() - skip);
     for (auto& p : decided) {
       if (cache_.enabled() && ResponseCache::Cacheable(p)) {
         std::vector<uint32_t> evicted;

@@ -12,15 +12,25 @@
 //   W words (AND): cache bits ready on every rank
 // W is the same on every rank because caches evolve identically.
 //
+// Note [Tuned params in negotiation]: when the autotuner (set rank 0) picks
+// new values, the next cycle carries them: rank 0 sets kParamsUpdate (and
+// kNeedSlowPath) in word 0, every rank therefore takes the slow path, and the
+// coordinator's response broadcast starts with the encoded TunedParams.
+// Every rank gets them in the Outcome of that same cycle and applies them
+// before executing its responses, so fusion plans and backend settings never
+// differ between ranks. Only rank 0 can set the bit.
+//
 // Thread: owned and called only by the set's worker thread.
 #pragma once
 
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "autotune/tuned_params.h"
 #include "control_transport.h"
 #include "coordinator.h"
 #include "engine_stats.h"
@@ -43,6 +53,7 @@ class Controller {
   struct Outcome {
     std::vector<Response> responses;  // unfused, in execution order
     bool peer_shutdown = false;       // some rank asked to shut down
+    std::optional<TunedParams> params;  // apply before executing `responses`
   };
   // One collective cycle. `stall_seconds` > 0 lets requests cached-but-not-
   // ready that long go through the coordinator so the stall can be reported.
@@ -51,6 +62,11 @@ class Controller {
   const ResponseCache& cache() const { return cache_; }
   // Only on set rank 0.
   Coordinator* coordinator() { return coordinator_.get(); }
+  // Set rank 0 only: sends `params` to every rank in the next cycle (Note
+  // [Tuned params in negotiation]); a later call before then replaces it.
+  void AnnounceParams(const TunedParams& params);
+  // Cycles run so far (the same on every rank of the set).
+  uint64_t cycles() const { return cycles_; }
 
  private:
   enum class State { kUnsent, kSent, kCached };
@@ -72,6 +88,8 @@ class Controller {
   LocalList pending_;
   std::unordered_map<std::string, LocalList::iterator> by_name_;
   EngineStats* stats_;
+  std::optional<TunedParams> announce_;
+  uint64_t cycles_ = 0;
 };
 
 }  // namespace hvdcompat

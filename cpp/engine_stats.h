@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "autotune/tuning_record.h"
+
 namespace hvdcompat {
 
 struct EngineStats {
@@ -18,6 +20,8 @@ struct EngineStats {
   std::atomic<uint64_t> fused_tensors{0};      // tensors that travelled in those
   std::atomic<uint64_t> bytes{0};              // payload bytes of executed collectives
   std::atomic<uint64_t> errors{0};             // ops completed with an error
+  // The tunables in effect and the autotuner's changes; Reset() keeps them.
+  TuningRecord tuning;
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,

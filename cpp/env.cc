@@ -57,6 +57,18 @@ const std::vector<KnobSpec>& AllKnobs() {
        "libcudart to load (default: torch's copy, the nvidia-cuda-runtime wheel, the system's)."},
       {Knob::kHierarchicalLocalSize, "HIERARCHICAL_LOCAL_SIZE", false, "0", "ranks",
        "Ranks per node for the hierarchical allreduce split (0: ranks sharing memory)."},
+      {Knob::kAutotune, "AUTOTUNE", true, "0", "bool",
+       "Search fusion threshold, cycle time, chunk size and call split while training."},
+      {Knob::kAutotuneLog, "AUTOTUNE_LOG", true, "", "path",
+       "Rank 0 writes every configuration the autotuner scored, and the best, to this CSV."},
+      {Knob::kAutotuneWarmupSamples, "AUTOTUNE_WARMUP_SAMPLES", true, "3", "samples",
+       "Autotune: scores of the starting configuration discarded before the search."},
+      {Knob::kAutotuneStepsPerSample, "AUTOTUNE_STEPS_PER_SAMPLE", true, "10", "steps",
+       "Autotune: training steps per sample (a configuration's score is a median of 5)."},
+      {Knob::kAutotuneBayesOptMaxSamples, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", true, "20", "samples",
+       "Autotune: configurations scored by the Bayesian optimisation before it stops."},
+      {Knob::kAutotuneGaussianProcessNoise, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", true, "0.8", "sd",
+       "Autotune: score noise assumed by the Gaussian process, in units of the scores' spread."},
   };
   return knobs;
 }
@@ -84,6 +96,12 @@ std::string KnobString(Knob knob, std::string* source) {
   }
   if (source) *source = std::string("default of HVDCOMPAT_") + spec.suffix;
   return spec.default_value;
+}
+
+bool KnobExplicit(Knob knob) {
+  const KnobSpec& spec = SpecOf(knob);
+  if (std::getenv((std::string("HVDCOMPAT_") + spec.suffix).c_str())) return true;
+  return spec.horovod_alias && std::getenv((std::string("HOROVOD_") + spec.suffix).c_str());
 }
 
 namespace {
@@ -150,6 +168,20 @@ Config Config::FromEnvironment() {
                           SpecOf(Knob::kGpuOperations).help + ")");
   }
   c.gpu_operations_mpi = ops == "MPI";
+  c.autotune = KnobBool(Knob::kAutotune);
+  c.autotune_log = KnobString(Knob::kAutotuneLog);
+  c.autotune_warmup_samples = KnobInt(Knob::kAutotuneWarmupSamples);
+  c.autotune_steps_per_sample = KnobInt(Knob::kAutotuneStepsPerSample);
+  c.autotune_bayes_opt_max_samples = KnobInt(Knob::kAutotuneBayesOptMaxSamples);
+  c.autotune_gaussian_process_noise = KnobDouble(Knob::kAutotuneGaussianProcessNoise);
+  // Checked here, on every rank alike, so a bad value fails every rank's init.
+  for (Knob k : {Knob::kAutotuneStepsPerSample, Knob::kAutotuneBayesOptMaxSamples}) {
+    if (KnobInt(k) < 1) {
+      std::string source;
+      std::string v = KnobString(k, &source);
+      BadValue(k, v, source, "an integer of at least 1");
+    }
+  }
   return c;
 }
 

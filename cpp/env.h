@@ -34,6 +34,12 @@ enum class Knob : int {
   kNcclLib,
   kCudartLib,
   kHierarchicalLocalSize,
+  kAutotune,
+  kAutotuneLog,
+  kAutotuneWarmupSamples,
+  kAutotuneStepsPerSample,
+  kAutotuneBayesOptMaxSamples,
+  kAutotuneGaussianProcessNoise,
   kCount,
 };
 
@@ -55,6 +61,9 @@ std::string KnobString(Knob knob, std::string* source = nullptr);
 int64_t KnobInt(Knob knob);
 double KnobDouble(Knob knob);
 bool KnobBool(Knob knob);
+// Whether the environment sets the knob (either spelling), as opposed to its
+// default applying: the autotuner leaves such knobs as the user chose.
+bool KnobExplicit(Knob knob);
 
 // Snapshot of the tunables the engine uses, taken at init.
 struct Config {
@@ -75,6 +84,12 @@ struct Config {
   int64_t hierarchical_local_size; // ranks per node for that split; 0: shared memory
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
+  bool autotune;                   // search the tunables while training (parameter_manager.h)
+  std::string autotune_log;        // CSV of every configuration scored; empty: none
+  int64_t autotune_warmup_samples;     // scores discarded before the search
+  int64_t autotune_steps_per_sample;   // steps per sample
+  int64_t autotune_bayes_opt_max_samples;  // configurations the search scores
+  double autotune_gaussian_process_noise;  // surrogate model's noise, in score sds
 
   static Config FromEnvironment();
 };

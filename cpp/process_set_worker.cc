@@ -30,6 +30,16 @@ MPI_Comm DupOrNull(MPI_Comm comm, bool wanted) {
   return dup;
 }
 
+TunedParams TunedFromConfig(const Config& c) {
+  TunedParams p;
+  p.fusion_threshold_bytes = c.fusion_threshold_bytes;
+  p.cycle_time_ms = c.cycle_time_ms;
+  p.fusion_chunk_bytes = c.fusion_chunk_bytes;
+  p.max_call_bytes = c.max_call_bytes;
+  p.hierarchical_allreduce = c.hierarchical_allreduce;
+  return p;
+}
+
 std::string Upper(const char* s) {
   std::string out(s);
   for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -62,6 +72,21 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
   AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
   for (auto& b : backends_) b->set_activity(&timeline_sink_);
+  if (id_ == 0) {
+    TunedParams start = TunedFromConfig(config_);
+    start.active = config_.autotune;
+    stats_->tuning.Start(start);
+    if (config_.autotune && rank_ == 0) {
+      AutotuneOptions options = AutotuneOptions::FromConfig(config_);
+      bool hierarchical = false;
+      for (auto& b : backends_) hierarchical = hierarchical || b->TunesHierarchical();
+      options.tune_hierarchical_allreduce =
+          hierarchical && !KnobExplicit(Knob::kHierarchicalAllreduce);
+      tuner_ = std::make_unique<ParameterManager>(options, start, Clock::now());
+      // Nothing to tune: say so to every rank in the first cycle.
+      if (!tuner_->active()) controller_.AnnounceParams(tuner_->current());
+    }
+  }
   // While waiting for peers, keep stall reports flowing (runs on this thread).
   poller_.set_tick([this](double) { InspectStalls(Clock::now()); });
   thread_ = std::thread([this] { Loop(); });
@@ -233,9 +258,10 @@ void ProcessSetWorker::Loop() {
 
   bool progressed = true;
   int64_t backoff_us = 10;
-  const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
   try {
     while (true) {
+      // Read each time round: the autotuner may change it.
+      const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
       std::deque<std::unique_ptr<TensorEntry>> fresh;
       bool want_shutdown;
       if (!controller_.HasPending()) {
@@ -295,7 +321,19 @@ void ProcessSetWorker::Loop() {
       progressed = !out.responses.empty() || !fresh.empty();
       if (progressed) backoff_us = 10;
       RecordNegotiated(out.responses, Clock::now());
+      if (out.params) ApplyTuning(*out.params);
+      std::vector<std::string> scored;
+      int64_t scored_bytes = 0;
+      if (tuner_ && tuner_->active()) {
+        for (const auto& r : out.responses) {
+          if (r.is_error() || r.op == OpType::kJoin || r.op == OpType::kBarrier) continue;
+          scored_bytes += r.TotalBytes();
+          // Unnamed ops get a new name each call and cannot mark steps.
+          if (!r.auto_named) scored.push_back(r.units[0].name);
+        }
+      }
       Execute(std::move(out.responses));
+      if (tuner_ && tuner_->active()) ScoreCycle(scored, scored_bytes);
       InspectStalls(Clock::now());
       if (want_shutdown || out.peer_shutdown) {
         std::string who = want_shutdown ? "this rank" : "another rank";
@@ -313,6 +351,21 @@ void ProcessSetWorker::Loop() {
     HVD_LOG(kError) << msg;
     FailEverything(Status::Error(StatusCode::kInternal, msg));
   }
+}
+
+void ProcessSetWorker::ApplyTuning(const TunedParams& p) {
+  config_.fusion_threshold_bytes = p.fusion_threshold_bytes;
+  config_.cycle_time_ms = p.cycle_time_ms;
+  config_.fusion_chunk_bytes = p.fusion_chunk_bytes;
+  config_.max_call_bytes = p.max_call_bytes;
+  config_.hierarchical_allreduce = p.hierarchical_allreduce;
+  for (auto& b : backends_) b->ApplyTuning(p);
+  stats_->tuning.Apply(controller_.cycles(), p);
+  if (tuner_) tuner_->Applied(Clock::now());
+}
+
+void ProcessSetWorker::ScoreCycle(const std::vector<std::string>& names, int64_t bytes) {
+  if (auto next = tuner_->Update(names, bytes, Clock::now())) controller_.AnnounceParams(*next);
 }
 
 void ProcessSetWorker::Execute(std::vector<Response> responses) {

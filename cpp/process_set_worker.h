@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "autotune/parameter_manager.h"
 #include "controller.h"
 #include "engine_stats.h"
 #include "env.h"
@@ -71,6 +72,10 @@ class ProcessSetWorker {
   std::vector<StallInspector::Pending> PendingWaits(Clock::time_point now) const;
   std::string DescribeFailure(const std::exception& e) const;
   void RecordNegotiated(const std::vector<Response>& responses, Clock::time_point now);
+  // Autotune (global set only): switch to negotiated settings; feed the
+  // coordinator's tuner what a cycle executed.
+  void ApplyTuning(const TunedParams& params);
+  void ScoreCycle(const std::vector<std::string>& names, int64_t bytes);
 
   class TimelineSink : public ActivitySink {
    public:
@@ -115,6 +120,7 @@ class ProcessSetWorker {
   // Worker thread only.
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
   std::string stall_failure_;  // set when the stall shutdown time passed
+  std::unique_ptr<ParameterManager> tuner_;  // global set rank 0 with HOROVOD_AUTOTUNE=1
 
   std::thread thread_;
 };

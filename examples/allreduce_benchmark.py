@@ -2,15 +2,21 @@
 
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py
     mpirun -np 2 python examples/allreduce_benchmark.py --sizes 4KiB,64MiB --iters 20
+    hvdcompatrun -np 2 python examples/allreduce_benchmark.py --autotune --sizes 4KiB
 
 Prints, for float32 buffers of each size, the median time of a synchronous
 allreduce (sum) and its algorithm bandwidth (bytes / time), then the
 ResNet-50 gradient set (161 tensors, 25,557,032 floats) submitted
 asynchronously and synchronized, against per-tensor raw MPI and gloo.
 Every peer runs in the same job on the same buffers; medians over --iters.
+With --autotune, an engine restarted with HOROVOD_AUTOTUNE=1 then searches on
+the ResNet-50 set, and the set is timed on the default engine and on one
+started with the values found, in alternating rounds; the reduced values of
+both are compared bit for bit.
 """
 
 import argparse
+import math
 import os
 import socket
 import statistics
@@ -97,6 +103,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--resnet-iters", type=int, default=10)
     parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--autotune", action="store_true",
+                        help="also time the ResNet-50 set with the settings autotune finds")
+    parser.add_argument("--autotune-warmup-samples", type=int, default=1)
+    parser.add_argument("--autotune-steps-per-sample", type=int, default=3)
+    parser.add_argument("--autotune-bayes-opt-max-samples", type=int, default=12)
+    parser.add_argument("--autotune-log-file", default="")
+    parser.add_argument("--autotune-rounds", type=int, default=3,
+                        help="alternating default/tuned timing rounds after the search")
     args = parser.parse_args()
 
     hvd.init()
@@ -165,9 +179,104 @@ def main():
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "
         f"misses {stats['cache_misses']}")
+    if args.autotune:
+        compare_autotune(args, shapes, log)
     if dist is not None:
         dist.destroy_process_group()
     hvd.shutdown()
+
+
+TUNED_KNOBS = {"HVDCOMPAT_FUSION_THRESHOLD": "fusion_threshold_bytes",
+               "HVDCOMPAT_CYCLE_TIME": "cycle_time_ms",
+               "HVDCOMPAT_FUSION_CHUNK_BYTES": "fusion_chunk_bytes",
+               "HVDCOMPAT_MAX_CALL_BYTES": "max_call_bytes"}
+AUTOTUNE_KNOBS = ("HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                  "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                  "HOROVOD_AUTOTUNE_LOG")
+
+
+def settings():
+    s = hvd.engine_stats()
+    return (f"{human(s['fusion_threshold_bytes']):>9} {s['cycle_time_ms']:6.1f} "
+            f"{human(s['fusion_chunk_bytes']):>8} {human(s['max_call_bytes']):>8}")
+
+
+def restart(launch_env, **env):
+    """Restarts the engine on the launch's environment plus `env` (knobs are read at init)."""
+    hvd.shutdown()
+    for k, v in launch_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    os.environ.update(env)
+    hvd.init()
+
+
+def compare_autotune(args, shapes, log):
+    """The ResNet-50 set (Average, in place): search, then default and tuned in turns."""
+    total = sum(math.prod(s) for s in shapes)
+    g = torch.Generator().manual_seed(1000 + hvd.rank())
+    grads = [torch.randn(s, generator=g) for s in shapes]
+    fixed = [x.clone() for x in grads]
+    launch_env = {k: os.environ.get(k) for k in (*TUNED_KNOBS, *AUTOTUNE_KNOBS)}
+
+    def step():
+        handles = [hvd.allreduce_async_(x, op=hvd.Average, name=f"resnet.{i}")
+                   for i, x in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def reduced():
+        """Every tensor of the set reduced once (Sum, out of place) from fixed inputs."""
+        handles = [hvd.allreduce_async(x, op=hvd.Sum, name=f"check.{i}")
+                   for i, x in enumerate(fixed)]
+        return [hvd.synchronize(h) for h in handles]
+
+    restart(launch_env, HOROVOD_AUTOTUNE="1",
+            HOROVOD_AUTOTUNE_WARMUP_SAMPLES=str(args.autotune_warmup_samples),
+            HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=str(args.autotune_steps_per_sample),
+            HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=str(args.autotune_bayes_opt_max_samples),
+            HOROVOD_AUTOTUNE_LOG=args.autotune_log_file)
+    t0, steps = time.perf_counter(), 0
+    while True:
+        for _ in range(5):
+            step()
+            steps += 1
+        active = torch.tensor([int(hvd.engine_stats()["autotune_active"])])
+        if hvd.allreduce(active, op=hvd.Max, name="autotune.active").item() == 0:
+            break
+    searched = time.perf_counter() - t0
+    found = hvd.engine_stats()
+    tuned_env = {k: str(found[v]) for k, v in TUNED_KNOBS.items()}
+    # Default and tuned engines in turns, so load that comes and goes hits both alike.
+    times = {"default": [], "autotuned": []}
+    knobs, results = {}, {}
+    for _ in range(args.autotune_rounds):
+        for label, env in (("default", {}), ("autotuned", tuned_env)):
+            restart(launch_env, **env)
+            times[label].append(timeit(step, args.resnet_iters, 2, hvd.barrier))
+            knobs[label] = settings()
+            results[label] = reduced()
+    same = all(torch.equal(a, b) for a, b in zip(results["default"], results["autotuned"]))
+    same = hvd.allreduce(torch.tensor([int(same)]), op=hvd.Min, name="autotune.same").item()
+    log(f"\n# ResNet-50 gradient set, Average in place: default vs the settings "
+        f"HOROVOD_AUTOTUNE=1 found (warm-up {args.autotune_warmup_samples}, "
+        f"{args.autotune_steps_per_sample} steps per sample, "
+        f"{args.autotune_bayes_opt_max_samples} configurations); median of "
+        f"{args.resnet_iters} per round, median of {args.autotune_rounds} alternating rounds")
+    header = (f"{'engine':>10} | {'fusion':>9} {'cycle':>6} {'chunk':>8} {'call':>8} | "
+              f"{'ms':>8} {'GB/s':>6} | {'vs default':>10} | rounds (ms)")
+    log(header)
+    log("-" * len(header))
+    base = statistics.median(times["default"])
+    for label in ("default", "autotuned"):
+        sec = statistics.median(times[label])
+        each = " ".join(f"{t * 1e3:.0f}" for t in times[label])
+        log(f"{label:>10} | {knobs[label]} | {sec * 1e3:8.2f} {total * 4 / sec / 1e9:6.2f} | "
+            f"{base / sec:9.2f}x | {each}")
+    log(f"# search: {steps} steps, {searched:.1f} s; results bitwise identical to the "
+        f"default engine's on every rank: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":

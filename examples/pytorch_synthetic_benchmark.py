@@ -4,6 +4,7 @@
     mpirun -np 2 python examples/pytorch_synthetic_benchmark.py          # the same, plain MPI
     python examples/pytorch_synthetic_benchmark.py --no-hvd              # one-process baseline
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --baseline-img-sec 41.5
+    hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --autotune  # tuned vs default
 
 Every rank trains the chosen model on one fixed random batch (no data loading,
 so the numbers measure compute plus gradient exchange). Spreads are
@@ -11,6 +12,10 @@ mean ± 1.96·std over the timed iterations. Give the --no-hvd result as
 --baseline-img-sec to get the scaling efficiency: total / (ranks × baseline).
 The models are built in (no torchvision): a ResNet-style CNN, an MLP with
 large layers (communication-heavy) and a small transformer encoder.
+With --autotune, after the timed iterations an engine restarted with
+HOROVOD_AUTOTUNE=1 searches on the same training loop; then the default engine
+and one started with the values found are timed in alternating rounds, and a
+table compares the two.
 """
 
 import argparse
@@ -140,7 +145,56 @@ def parse_args():
                    help="the --no-hvd result, to print the scaling efficiency")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per rank (default: cores / ranks on this node)")
+    p.add_argument("--autotune", action="store_true",
+                   help="time the default engine, then the settings HOROVOD_AUTOTUNE=1 finds")
+    p.add_argument("--autotune-warmup-samples", type=int, default=1)
+    p.add_argument("--autotune-steps-per-sample", type=int, default=2)
+    p.add_argument("--autotune-bayes-opt-max-samples", type=int, default=10)
+    p.add_argument("--autotune-log-file", default="")
+    p.add_argument("--autotune-rounds", type=int, default=2,
+                   help="alternating default/tuned timing rounds")
     return p.parse_args()
+
+
+TUNED_KNOBS = {"HVDCOMPAT_FUSION_THRESHOLD": "fusion_threshold_bytes",
+               "HVDCOMPAT_CYCLE_TIME": "cycle_time_ms",
+               "HVDCOMPAT_FUSION_CHUNK_BYTES": "fusion_chunk_bytes",
+               "HVDCOMPAT_MAX_CALL_BYTES": "max_call_bytes"}
+AUTOTUNE_KNOBS = ("HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                  "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                  "HOROVOD_AUTOTUNE_LOG")
+
+
+def engine_settings():
+    s = hvd.engine_stats()
+    mib = lambda n: f"{n / (1 << 20):g} MiB"  # noqa: E731
+    return (f"fusion {mib(s['fusion_threshold_bytes'])}, cycle {s['cycle_time_ms']:g} ms, "
+            f"chunk {mib(s['fusion_chunk_bytes'])}, call split {mib(s['max_call_bytes'])}")
+
+
+def restart(launch_env, **env):
+    """Restarts the engine on the launch's environment plus `env` (knobs are read at init)."""
+    hvd.shutdown()
+    for k, v in launch_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    os.environ.update(env)
+    hvd.init()
+
+
+def train_until_tuned(train_batch, log):
+    """Trains until rank 0's search has ended; returns (batches, seconds)."""
+    t0, batches = time.perf_counter(), 0
+    while True:
+        for _ in range(5):
+            train_batch()
+            batches += 1
+        active = torch.tensor([int(hvd.engine_stats()["autotune_active"])])
+        if hvd.allreduce(active, op=hvd.Max, name="benchmark.autotune_active").item() == 0:
+            return batches, time.perf_counter() - t0
+        log(f"  autotune: {batches} batches, now {engine_settings()}")
 
 
 def main():
@@ -201,17 +255,25 @@ def main():
         log(f"  warm-up batch {i + 1}/{args.num_warmup_batches}: "
             f"{time.perf_counter() - t0:.2f} s")
 
-    log(f"Running benchmark ({args.num_iters} iterations of {args.num_batches_per_iter} "
-        "batches)...")
-    rates = []
-    for it in range(args.num_iters):
-        t0 = time.perf_counter()
-        for _ in range(args.num_batches_per_iter):
-            train_batch()
-        sync()
-        rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - t0)
-        rates.append(rate)
-        log(f"Iter #{it}: {rate:.1f} {unit}/sec per rank")
+    def timed():
+        log(f"Running benchmark ({args.num_iters} iterations of {args.num_batches_per_iter} "
+            "batches)...")
+        rates = []
+        for it in range(args.num_iters):
+            t0 = time.perf_counter()
+            for _ in range(args.num_batches_per_iter):
+                train_batch()
+            sync()
+            rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - t0)
+            rates.append(rate)
+            log(f"Iter #{it}: {rate:.1f} {unit}/sec per rank")
+        return rates
+
+    rates = timed()
+    if distributed and args.autotune:
+        compare_autotune(args, rates, timed, train_batch, unit, log)
+        hvd.shutdown()
+        return
 
     if not distributed:
         mean, conf = mean_conf(rates)
@@ -240,6 +302,53 @@ def main():
             print(f"Scaling efficiency vs one process ({args.baseline_img_sec:.1f} {unit}/sec): "
                   f"{100 * eff:.0f}%")
     hvd.shutdown()
+
+
+def gather_totals(rates):
+    """Total rate over ranks of each timed iteration (they end with the same allreduces)."""
+    all_rates = hvd.allgather(torch.tensor([rates], dtype=torch.float64),
+                              name="benchmark.rates").tolist()
+    return [sum(r[i] for r in all_rates) for i in range(len(rates))]
+
+
+def compare_autotune(args, default_rates, timed, train_batch, unit, log):
+    """Searches on the training loop, then times default and tuned engines in turns."""
+    launch_env = {k: os.environ.get(k) for k in (*TUNED_KNOBS, *AUTOTUNE_KNOBS)}
+    restart(launch_env, HOROVOD_AUTOTUNE="1",
+            HOROVOD_AUTOTUNE_WARMUP_SAMPLES=str(args.autotune_warmup_samples),
+            HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=str(args.autotune_steps_per_sample),
+            HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=str(args.autotune_bayes_opt_max_samples),
+            HOROVOD_AUTOTUNE_LOG=args.autotune_log_file)
+    log(f"Autotune (warm-up {args.autotune_warmup_samples}, {args.autotune_steps_per_sample} "
+        f"steps per sample, {args.autotune_bayes_opt_max_samples} configurations)...")
+    batches, seconds = train_until_tuned(train_batch, log)
+    log(f"  search ended after {batches} batches ({seconds:.1f} s): {engine_settings()}")
+    found = hvd.engine_stats()
+    tuned_env = {k: str(found[v]) for k, v in TUNED_KNOBS.items()}
+    # Default and tuned engines in turns, so load that comes and goes hits both alike; the
+    # first default round is the one timed before the search.
+    totals = {"default": gather_totals(default_rates), "autotuned": []}
+    knobs = {}
+    for r in range(args.autotune_rounds):
+        for label, env in (("default", {}), ("autotuned", tuned_env)):
+            if label == "default" and r == 0:
+                continue
+            restart(launch_env, **env)
+            knobs[label] = engine_settings()
+            log(f"Round {r + 1}/{args.autotune_rounds}, {label} engine ({knobs[label]}):")
+            totals[label] += gather_totals(timed())
+    restart(launch_env)
+    knobs.setdefault("default", engine_settings())
+    if hvd.rank() == 0:
+        print(f"\n| engine | settings | total {unit}/sec on {hvd.size()} ranks "
+              "(mean ± 1.96·std) | vs default |")
+        print("|---|---|---:|---:|")
+        base = mean_conf(totals["default"])[0]
+        for label in ("default", "autotuned"):
+            mean, conf = mean_conf(totals[label])
+            print(f"| {label} | {knobs[label]} | {mean:.1f} ± {conf:.1f} | {mean / base:.2f}x |")
+        print(f"\nSearch: {batches} batches, {seconds:.1f} s; {args.autotune_rounds} alternating "
+              f"rounds of {args.num_iters} iterations per engine.")
 
 
 if __name__ == "__main__":

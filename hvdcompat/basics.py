@@ -314,7 +314,12 @@ def engine_stats():
     Returns:
         dict with ``cycles``, ``slow_path_cycles``, ``cache_hits``,
         ``cache_misses``, ``collectives`` (after fusion), ``tensors``,
-        ``fused_collectives``, ``fused_tensors``, ``bytes`` and ``errors``.
+        ``fused_collectives``, ``fused_tensors``, ``bytes`` and ``errors``;
+        and the settings in effect, which ``HOROVOD_AUTOTUNE=1`` changes while
+        it searches: ``fusion_threshold_bytes``, ``cycle_time_ms``,
+        ``fusion_chunk_bytes``, ``max_call_bytes``, ``hierarchical_allreduce``,
+        ``autotune_active`` (the search is running) and ``autotune_changes``
+        (how many times it changed them; kept by :func:`reset_engine_stats`).
     """
     _require_init()
     return _core.engine_stats()

@@ -71,6 +71,11 @@ SHORT_SETTINGS = {
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
          ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),
+        # The search runs to its end (3 configurations, 1 step per sample), then both engines.
+        (["--model", "mlp", "--image-size", "8", *_BENCH_SHORT, "--autotune",
+          "--autotune-warmup-samples", "0", "--autotune-steps-per-sample", "1",
+          "--autotune-bayes-opt-max-samples", "3", "--autotune-rounds", "1"],
+         ["search ended after", "| default | fusion 128 MiB", "| autotuned | fusion"]),
     ],
     "pytorch_mnist.py": [
         (["--epochs", "2", "--train-size", "640", "--test-size", "200", "--batch-size", "32",

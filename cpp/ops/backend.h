@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "autotune/tuned_params.h"
 #include "message.h"
 #include "tensor_entry.h"
 
@@ -38,6 +39,13 @@ class CollectiveBackend {
   // Runs the collective on every rank of the set; writes outputs and fills
   // entry->result (except status). Throws on failure.
   virtual void Execute(const Response& response, std::vector<ExecUnit>& units) = 0;
+  // Takes the autotuner's settings. Called on the worker thread between
+  // collectives, in the same cycle on every rank (Note [Tuned params in
+  // negotiation], controller.h); a backend keeps what it does not use.
+  virtual void ApplyTuning(const TunedParams& params) {}
+  // True where this backend can switch hierarchical allreduce/allgather at
+  // such a point: only then does the autotuner try the flags.
+  virtual bool TunesHierarchical() const { return false; }
 
  protected:
   bool recording() const { return activity_ && activity_->enabled(); }

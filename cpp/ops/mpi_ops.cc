@@ -48,6 +48,12 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
 
 bool MpiBackend::CanExecute(const Response& r) const { return r.device == kCpuDevice; }
 
+void MpiBackend::ApplyTuning(const TunedParams& p) {
+  // The same floors as Config::FromEnvironment.
+  chunk_bytes_ = std::max<int64_t>(4096, p.fusion_chunk_bytes);
+  max_call_bytes_ = std::max<int64_t>(4096, p.max_call_bytes);
+}
+
 void MpiBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
   switch (r.op) {
     case OpType::kAllreduce: return Allreduce(r, units);

@@ -36,6 +36,8 @@ class MpiBackend : public CollectiveBackend {
   const char* name() const override { return "MPI"; }
   bool CanExecute(const Response& response) const override;
   void Execute(const Response& response, std::vector<ExecUnit>& units) override;
+  // Chunk size and call split (the fusion threshold is the worker's).
+  void ApplyTuning(const TunedParams& params) override;
 
  private:
   struct Piece {

@@ -73,6 +73,14 @@ TUNING_FLAGS = (
     TuningFlag(("--log-level",), "LOG_LEVEL", _level, str, "LEVEL", LOG_LEVELS),
     # horovodrun renamed --log-hide-timestamp to --log-without-timestamp; both work.
     TuningFlag(("--log-without-timestamp", "--log-hide-timestamp"), "LOG_HIDE_TIME"),
+    TuningFlag(("--autotune",), "AUTOTUNE"),
+    TuningFlag(("--autotune-log-file",), "AUTOTUNE_LOG", str, str, "FILE"),
+    TuningFlag(("--autotune-warmup-samples",), "AUTOTUNE_WARMUP_SAMPLES", int, str, "N"),
+    TuningFlag(("--autotune-steps-per-sample",), "AUTOTUNE_STEPS_PER_SAMPLE", int, str, "N"),
+    TuningFlag(("--autotune-bayes-opt-max-samples",), "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", int, str,
+               "N"),
+    TuningFlag(("--autotune-gaussian-process-noise",), "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", float,
+               _number, "NOISE"),
 )
 
 

@@ -193,6 +193,21 @@ def test_tuning_flags_set_hvdcompat_variables():
     assert tuning.tuning_environment(args) == {}
 
 
+def test_autotune_flags_are_horovodruns():
+    args, _ = _parse(["--autotune", "--autotune-log-file", "/tmp/a.csv",
+                      "--autotune-warmup-samples", "1", "--autotune-steps-per-sample", "5",
+                      "--autotune-bayes-opt-max-samples", "10",
+                      "--autotune-gaussian-process-noise", "0.2", "python", "x.py"])
+    assert tuning.tuning_environment(args) == {
+        "HVDCOMPAT_AUTOTUNE": "1",
+        "HVDCOMPAT_AUTOTUNE_LOG": "/tmp/a.csv",
+        "HVDCOMPAT_AUTOTUNE_WARMUP_SAMPLES": "1",
+        "HVDCOMPAT_AUTOTUNE_STEPS_PER_SAMPLE": "5",
+        "HVDCOMPAT_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "10",
+        "HVDCOMPAT_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.2",
+    }
+
+
 def test_every_tuning_flag_names_a_core_knob_and_its_default():
     from hvdcompat.basics import _core
 
