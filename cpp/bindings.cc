@@ -174,6 +174,8 @@ py::dict Stats() {
   d["fused_tensors"] = s.fused_tensors.load();
   d["bytes"] = s.bytes.load();
   d["errors"] = s.errors.load();
+  d["hierarchical_allreduces"] = s.hierarchical_allreduces.load();
+  d["hierarchical_allgathers"] = s.hierarchical_allgathers.load();
   return d;
 }
 
@@ -191,6 +193,7 @@ py::dict ConfigDict() {
   d["max_call_bytes"] = c.max_call_bytes;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["hierarchical_allgather"] = c.hierarchical_allgather;
   d["gpu_operations"] = c.gpu_operations_mpi ? "MPI" : "NCCL";
   d["async_completion"] = c.async_completion;
   return d;

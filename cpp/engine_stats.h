@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <initializer_list>
 #include <cstdint>
 
 namespace hvdcompat {
@@ -18,10 +19,14 @@ struct EngineStats {
   std::atomic<uint64_t> fused_tensors{0};      // tensors that travelled in those
   std::atomic<uint64_t> bytes{0};              // payload bytes of executed collectives
   std::atomic<uint64_t> errors{0};             // ops completed with an error
+  // Host collective steps run node-aware (HOROVOD_HIERARCHICAL_ALLREDUCE/ALLGATHER).
+  std::atomic<uint64_t> hierarchical_allreduces{0};
+  std::atomic<uint64_t> hierarchical_allgathers{0};
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,
-                    &tensors, &fused_collectives, &fused_tensors, &bytes, &errors}) {
+                    &tensors, &fused_collectives, &fused_tensors, &bytes, &errors, &hierarchical_allreduces,
+                    &hierarchical_allgathers}) {
       c->store(0);
     }
   }

@@ -60,7 +60,7 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_.rank();
   AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
-  backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
+  backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_, stats_));
   for (auto& b : backends_) b->set_activity(&timeline_sink_);
   // While waiting for peers, keep stall reports flowing (runs on this thread).
   poller_.set_tick([this](double) { InspectStalls(Clock::now()); });

@@ -346,7 +346,9 @@ def engine_stats():
     Returns:
         dict with ``cycles``, ``slow_path_cycles``, ``cache_hits``,
         ``cache_misses``, ``collectives`` (after fusion), ``tensors``,
-        ``fused_collectives``, ``fused_tensors``, ``bytes`` and ``errors``.
+        ``fused_collectives``, ``fused_tensors``, ``bytes``, ``errors``, and
+        ``hierarchical_allreduces`` / ``hierarchical_allgathers`` (MPI calls
+        on host tensors that ran node-aware).
     """
     _require_init()
     return _core.engine_stats()
