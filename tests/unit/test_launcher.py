@@ -148,6 +148,24 @@ def test_mpich_line():
     assert cmd[:5] == ["mpiexec", "-np", "4", "-hosts", "a:2,b:2"]
     assert cmd[cmd.index("-genvlist") + 1] == "HOROVOD_X,PATH"
     assert "-bind-to" in cmd and "--allow-run-as-root" not in cmd
+    assert "--oversubscribe" not in cmd and "-genv" not in cmd and "-ppn" not in cmd
+
+
+def test_mpich_per_node_count_and_oversubscribed_throttle():
+    hosts = [Host("a", 4), Host("b", 4)]
+    cmd = build_command("mpiexec", _spec(np=4, hosts=hosts, npernode=2, flavor="mpich"))
+    assert cmd[cmd.index("-ppn") + 1] == "2"
+    assert cmd.index("-ppn") < cmd.index("python")
+    # One host, more ranks than cores: Hydra has no refusal to lift, but ranks
+    # waiting in MPI must sleep instead of spinning on the cores their peers need.
+    cmd = build_command("mpiexec", _spec(np=3, local_cores=2, flavor="mpich"))
+    i = cmd.index("-genv")
+    assert cmd[i + 1:i + 3] == ["MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1"]
+    assert "-hosts" not in cmd and "--oversubscribe" not in cmd
+    # The user's own setting wins.
+    cmd = build_command("mpiexec", _spec(np=3, local_cores=2, flavor="mpich",
+                                         env={"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}))
+    assert "-genv" not in cmd
 
 
 def test_forwarded_names_only_ours_and_the_paths():
