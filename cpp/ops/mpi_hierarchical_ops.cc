@@ -71,6 +71,9 @@ MpiHierarchy::~MpiHierarchy() {
   }
 }
 
+// Failures are reported against comm_ (the set's communicator), so a lost
+// peer is named by its rank in the set and comm_ is revoked for the other
+// pending operations, as on the flat path.
 void MpiHierarchy::Allreduce(void* buf, int count, MPI_Datatype type, size_t esize, MPI_Op op) {
   // Shard i of the node: count / L elements, the first count % L shards one more.
   std::vector<int> counts(local_size_), displs(local_size_);
@@ -82,9 +85,9 @@ void MpiHierarchy::Allreduce(void* buf, int count, MPI_Datatype type, size_t esi
   }
   const int mine = counts[local_rank_];
   char* shard = shard_.Reserve(static_cast<size_t>(mine) * esize);
-  HVD_MPI_CHECK(local_, MPI_Reduce_scatter(buf, shard, counts.data(), type, op, local_));
-  HVD_MPI_CHECK(cross_, MPI_Allreduce(MPI_IN_PLACE, shard, mine, type, op, cross_));
-  HVD_MPI_CHECK(local_, MPI_Allgatherv(shard, mine, type, buf, counts.data(), displs.data(),
+  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(buf, shard, counts.data(), type, op, local_));
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, shard, mine, type, op, cross_));
+  HVD_MPI_CHECK(comm_, MPI_Allgatherv(shard, mine, type, buf, counts.data(), displs.data(),
                                        type, local_));
 }
 
@@ -99,7 +102,7 @@ void MpiHierarchy::Allgatherv(const void* send, int send_count, void* recv, cons
     ldispls[i] = displs[first + i] - displs[first];
   }
   char* node_block = static_cast<char*>(recv) + static_cast<size_t>(displs[first]) * esize;
-  HVD_MPI_CHECK(local_, MPI_Gatherv(send, send_count, type, node_block, lcounts.data(),
+  HVD_MPI_CHECK(comm_, MPI_Gatherv(send, send_count, type, node_block, lcounts.data(),
                                     ldispls.data(), type, 0, local_));
   if (local_rank_ == 0) {
     // The cross communicator of local rank 0 holds the nodes' first ranks, in node order.
@@ -110,11 +113,11 @@ void MpiHierarchy::Allgatherv(const void* send, int send_count, void* recv, cons
       ncounts[c] = static_cast<int>(n);
       ndispls[c] = displs[c * local_size_];
     }
-    HVD_MPI_CHECK(cross_, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
+    HVD_MPI_CHECK(comm_, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
                                          ncounts.data(), ndispls.data(), type, cross_));
   }
   const int64_t total = static_cast<int64_t>(displs[size_ - 1]) + counts[size_ - 1];
-  HVD_MPI_CHECK(local_, MPI_Bcast(recv, static_cast<int>(total), type, 0, local_));
+  HVD_MPI_CHECK(comm_, MPI_Bcast(recv, static_cast<int>(total), type, 0, local_));
 }
 
 }  // namespace hvdcompat
