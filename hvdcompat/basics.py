@@ -117,7 +117,9 @@ def _comm_arguments(comm):
 
 def _library_name(version):
     """First line of an MPI library version string, e.g. 'MPICH Version: 5.0.2'."""
-    return " ".join(version.strip().splitlines()[0].split()) if version.strip() else "?"
+    # mpi4py's string may keep the C string's terminating NUL.
+    text = version.replace("\0", " ").strip()
+    return " ".join(text.splitlines()[0].split()) if text else "?"
 
 
 def _check_same_mpi(MPI, what):
