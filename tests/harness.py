@@ -1,7 +1,7 @@
-"""Runs commands on several ranks under mpirun with a hard timeout.
+"""Runs commands on several ranks under mpirun (Open MPI) or mpiexec (Hydra) with a hard timeout.
 
 A launch that fails or times out raises AssertionError carrying every rank's
-output (tagged ``[job,rank]<stdout>:``). On timeout each rank is first asked
+output (tagged ``[job,rank]<stdout>:`` under Open MPI). On timeout each rank is first asked
 to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py), so a
 hang shows where every rank was.
 """
