@@ -1,9 +1,9 @@
-"""Runs commands on several ranks under mpirun (Open MPI) or mpiexec (Hydra) with a hard timeout.
+"""Runs commands on several ranks (Open MPI's mpirun or Hydra's mpiexec) with a hard timeout.
 
 A launch that fails or times out raises AssertionError carrying every rank's
-output (tagged ``[job,rank]<stdout>:`` under Open MPI). On timeout each rank is first asked
-to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py), so a
-hang shows where every rank was.
+output (tagged ``[job,rank]<stdout>:`` under Open MPI). On timeout each rank
+is first asked to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py),
+so a hang shows where every rank was.
 """
 
 import functools
