@@ -36,8 +36,8 @@ def test_lost_rank_under_plain_mpirun_ends_the_job_naming_it(tmp_path):
     assert result.returncode != 0 and not result.timed_out
     out = result.output
     if flavor() == "mpich":
-        # Hydra reports the termination by PID and the cleanup's exit code only.
-        assert "BAD TERMINATION" in out, out
+        # Hydra names no rank: it exits non-zero (asserted above), printing a
+        # "BAD TERMINATION" banner with a PID only when it had to kill the rest.
         return
     # Open MPI's launcher names the first process that died and its exit code.
     assert re.search(r"Process name: \[.*,1\]", out) or "rank 1" in out, out
