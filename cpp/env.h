@@ -40,6 +40,7 @@ enum class Knob : int {
   kAutotuneStepsPerSample,
   kAutotuneBayesOptMaxSamples,
   kAutotuneGaussianProcessNoise,
+  kHierarchicalAllgather,
   kCount,
 };
 
@@ -80,8 +81,9 @@ struct Config {
   int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
   int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
   int64_t num_nccl_streams;        // GPU lanes (stream + communicator each), >= 1
-  bool hierarchical_allreduce;     // GPU allreduce in three steps over node/cross comms
-  int64_t hierarchical_local_size; // ranks per node for that split; 0: shared memory
+  bool hierarchical_allreduce;     // allreduce in three steps over node/cross comms (CPU and GPU)
+  bool hierarchical_allgather;     // host allgather in three steps over node/cross comms
+  int64_t hierarchical_local_size; // ranks per node for those splits (testing); 0: shared memory
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
   bool autotune;                   // search the tunables while training (parameter_manager.h)

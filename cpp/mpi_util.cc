@@ -1,6 +1,10 @@
 #include "mpi_util.h"
 
+// Open MPI declares its extensions (ULFM's MPIX_*) in mpi-ext.h; the MPICH
+// family has no such header and declares its MPIX_* in mpi.h.
+#if defined(OPEN_MPI)
 #include <mpi-ext.h>
+#endif
 
 #include <sstream>
 

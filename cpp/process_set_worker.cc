@@ -70,7 +70,7 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_.rank();
   AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
-  backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_));
+  backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_, stats_));
   for (auto& b : backends_) b->set_activity(&timeline_sink_);
   if (id_ == 0) {
     TunedParams start = TunedFromConfig(config_);

@@ -3,6 +3,7 @@
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py
     mpirun -np 2 python examples/allreduce_benchmark.py --sizes 4KiB,64MiB --iters 20
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py --autotune --sizes 4KiB
+    hvdcompatrun -np 4 python examples/allreduce_benchmark.py --hierarchical --pseudo-node-size 2
 
 Prints, for float32 buffers of each size, the median time of a synchronous
 allreduce (sum) and its algorithm bandwidth (bytes / time), then the
@@ -13,6 +14,10 @@ With --autotune, an engine restarted with HOROVOD_AUTOTUNE=1 then searches on
 the ResNet-50 set, and the set is timed on the default engine and on one
 started with the values found, in alternating rounds; the reduced values of
 both are compared bit for bit.
+--hierarchical adds the engine with HOROVOD_HIERARCHICAL_ALLREDUCE=1 (a
+column and a row; the engine is restarted to switch), --pseudo-node-size K
+splits one host into nodes of K ranks for it (HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE,
+a testing knob: on one host the "inter-node" step is shared memory too).
 """
 
 import argparse
@@ -96,6 +101,15 @@ def start_gloo():
     return dist
 
 
+def hierarchical_engine(on, pseudo_node_size):
+    """Restarts the engine with HOROVOD_HIERARCHICAL_ALLREDUCE on or off (knobs are read at init)."""
+    hvd.shutdown()
+    os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if on else "0"
+    if pseudo_node_size:
+        os.environ["HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE"] = str(pseudo_node_size)
+    hvd.init()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4KiB,64KiB,1MiB,4MiB,16MiB,64MiB")
@@ -111,6 +125,10 @@ def main():
     parser.add_argument("--autotune-log-file", default="")
     parser.add_argument("--autotune-rounds", type=int, default=3,
                         help="alternating default/tuned timing rounds after the search")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="also time the engine with HOROVOD_HIERARCHICAL_ALLREDUCE=1")
+    parser.add_argument("--pseudo-node-size", type=int, default=0, metavar="K",
+                        help="with --hierarchical: nodes of K consecutive ranks (testing knob)")
     args = parser.parse_args()
 
     hvd.init()
@@ -121,10 +139,13 @@ def main():
     log = print if rank == 0 else (lambda *a, **k: None)
 
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
-    log(f"# hvdcompat {hvd.__version__}, {hvd.build_info()['mpi_library'].split(',')[0]}, "
+    log(f"# hvdcompat {hvd.__version__}, {' '.join(hvd.build_info()['mpi_library'].splitlines()[0].split(',')[0].split())}, "
         f"torch {torch.__version__}")
     header = f"{'size':>9} | {'hvdcompat ms':>12} {'GB/s':>6} | {'MPI ms':>8} {'GB/s':>6} |"
     header += f" {'gloo ms':>8} {'GB/s':>6} | {'hvd/MPI':>7}"
+    if args.hierarchical:
+        header += f" | {'hier ms':>8} {'GB/s':>6} | {'hier/flat':>9}"
+        hierarchical_engine(False, args.pseudo_node_size)  # nodes the same in both engines
     log(header)
     log("-" * len(header))
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
@@ -141,8 +162,15 @@ def main():
         if dist is not None:
             tg = timeit(lambda: dist.all_reduce(t), args.iters, args.warmup, barrier)
         gb = lambda s: nbytes / s / 1e9  # noqa: E731
-        log(f"{human(nbytes):>9} | {th * 1e3:12.3f} {gb(th):6.2f} | {tm * 1e3:8.3f} {gb(tm):6.2f} |"
-            f" {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
+        row = (f"{human(nbytes):>9} | {th * 1e3:12.3f} {gb(th):6.2f} | {tm * 1e3:8.3f} "
+               f"{gb(tm):6.2f} | {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
+        if args.hierarchical:
+            hierarchical_engine(True, args.pseudo_node_size)
+            tt = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters,
+                        args.warmup, barrier)
+            hierarchical_engine(False, args.pseudo_node_size)
+            row += f" | {tt * 1e3:8.3f} {gb(tt):6.2f} | {tt / th:9.2f}"
+        log(row)
 
     shapes = resnet50_shapes()
     grads = [torch.randn(s) for s in shapes]
@@ -157,6 +185,10 @@ def main():
             hvd.synchronize(h)
 
     rows = [("hvdcompat (async, fused)", timeit(hvd_set, args.resnet_iters, 2, barrier))]
+    if args.hierarchical:
+        hierarchical_engine(True, args.pseudo_node_size)
+        rows.append(("hvdcompat hierarchical (async, fused)",
+                     timeit(hvd_set, args.resnet_iters, 2, barrier)))
     if comm is not None:
         arrays = [g.numpy() for g in grads]
 
@@ -179,6 +211,9 @@ def main():
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "
         f"misses {stats['cache_misses']}")
+    if args.hierarchical:
+        log(f"# hierarchical MPI calls in the last engine: {stats['hierarchical_allreduces']} "
+            "(0: the layout does not qualify, see HOROVOD_LOG_LEVEL=info)")
     if args.autotune:
         compare_autotune(args, shapes, log)
     if dist is not None:

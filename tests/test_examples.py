@@ -64,6 +64,11 @@ SHORT_SETTINGS = {
         (["--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--resnet-iters", "1"],
          ["hvdcompat ms", "ResNet-50 gradient set: 161 tensors, 25,557,032 floats",
           "raw MPI, one Allreduce per tensor", "gloo, async per tensor"]),
+        # One host, shared-memory nodes: the hierarchical engine falls back (0 calls).
+        (["--sizes", "64KiB", "--iters", "2", "--warmup", "1", "--resnet-iters", "1",
+          "--no-gloo", "--hierarchical"],
+         ["hier ms", "hvdcompat hierarchical (async, fused)",
+          "hierarchical MPI calls in the last engine: 0 "]),
     ],
     "pytorch_synthetic_benchmark.py": [
         (["--model", "resnet", "--image-size", "16", *_BENCH_SHORT],

@@ -6,13 +6,15 @@ import sys
 
 import pytest
 
-from harness import run_ranks
+from harness import flavor, run_ranks
 
 PY = sys.executable
 
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_lost_rank_is_named_on_survivors_under_fault_tolerant_mpi(np, tmp_path):
+    if flavor() == "mpich":
+        pytest.skip("fault tolerance (ULFM) is Open MPI 5's; MPICH's Hydra has no --with-ft")
     result = run_ranks(np, [PY, "tests/scripts/lose_rank.py"], timeout=180, check=False,
                        mpi_args=["--with-ft", "ulfm", "--mca", "btl", "tcp,self"],
                        env={"LOSE_RANK_OUT": str(tmp_path)})
@@ -33,6 +35,10 @@ def test_lost_rank_under_plain_mpirun_ends_the_job_naming_it(tmp_path):
                        env={"LOSE_RANK_OUT": str(tmp_path)})
     assert result.returncode != 0 and not result.timed_out
     out = result.output
+    if flavor() == "mpich":
+        # Hydra names no rank: it exits non-zero (asserted above), printing a
+        # "BAD TERMINATION" banner with a PID only when it had to kill the rest.
+        return
     # Open MPI's launcher names the first process that died and its exit code.
     assert re.search(r"Process name: \[.*,1\]", out) or "rank 1" in out, out
     assert "Exit code:    3" in out or "exit code 3" in out.lower(), out

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cpu_kernels.h"
+#include "ops/mpi_hierarchical_ops.h"
 
 namespace hvdcompat {
 
@@ -35,16 +36,23 @@ int64_t ReducescatterRows(int64_t rows, int size, int rank) {
   return rows / size + (rank < rows % size ? 1 : 0);
 }
 
-MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
+MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
+                       EngineStats* stats)
     : comm_(comm),
       ops_(ops),
       chunk_bytes_(config.fusion_chunk_bytes),
       inplace_min_bytes_(config.inplace_min_bytes),
       max_call_bytes_(config.max_call_bytes),
-      adasum_(comm) {
+      adasum_(comm),
+      stats_(stats) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+  if (config.hierarchical_allreduce || config.hierarchical_allgather) {
+    hierarchy_ = std::make_unique<MpiHierarchy>(comm_, config);
+  }
 }
+
+MpiBackend::~MpiBackend() = default;
 
 bool MpiBackend::CanExecute(const Response& r) const { return r.device == kCpuDevice; }
 
@@ -75,6 +83,12 @@ void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, Dat
   const int64_t step = INT_MAX / 2;
   for (int64_t off = 0; off < count; off += step) {
     int n = static_cast<int>(std::min(step, count - off));
+    if (in == MPI_IN_PLACE && hierarchy_ && hierarchy_->UseAllreduce(n)) {
+      hierarchy_->Allreduce(static_cast<char*>(out) + off * esize, n, ops_->Type(dtype), esize,
+                            ops_->Op(op));
+      if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     const void* src = in == MPI_IN_PLACE ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
     HVD_MPI_CHECK(comm_, MPI_Allreduce(src, static_cast<char*>(out) + off * esize, n,
                                        ops_->Type(dtype), ops_->Op(op), comm_));
@@ -228,8 +242,7 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
     }
     const BufferDesc& in = tensors[0].entry->inputs[tensors[0].index];
     MPI_Datatype type = ops_->Type(r.dtype);
-    HVD_MPI_CHECK(comm_, MPI_Allgatherv(in.data, counts[rank_], type, outs[0], counts.data(),
-                                        displs.data(), type, comm_));
+    AllgathervBlocks(in.data, counts[rank_], outs[0], counts, displs, type, esize);
     return;
   }
   // Fused: pack this rank's tensors back to back, gather every rank's block,
@@ -253,8 +266,7 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
     at += in.Bytes();
   }
   char* recv = scratch_b_.Reserve(static_cast<size_t>(total));
-  HVD_MPI_CHECK(comm_, MPI_Allgatherv(send, counts[rank_], MPI_BYTE, recv, counts.data(),
-                                      displs.data(), MPI_BYTE, comm_));
+  AllgathervBlocks(send, counts[rank_], recv, counts, displs, MPI_BYTE, 1);
   std::vector<int64_t> out_at(n, 0);
   at = 0;
   for (int rk = 0; rk < size_; ++rk) {
@@ -265,6 +277,19 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
       at += bytes;
     }
   }
+}
+
+void MpiBackend::AllgathervBlocks(const void* send, int send_count, void* recv,
+                                  const std::vector<int>& counts, const std::vector<int>& displs,
+                                  MPI_Datatype type, size_t esize) {
+  const int64_t total = static_cast<int64_t>(displs[size_ - 1]) + counts[size_ - 1];
+  if (hierarchy_ && hierarchy_->UseAllgather(total)) {
+    hierarchy_->Allgatherv(send, send_count, recv, counts.data(), displs.data(), type, esize);
+    if (stats_) stats_->hierarchical_allgathers.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  HVD_MPI_CHECK(comm_, MPI_Allgatherv(send, send_count, type, recv, counts.data(),
+                                      displs.data(), type, comm_));
 }
 
 void MpiBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "engine_stats.h"
 #include "env.h"
 #include "fusion.h"
 #include "mpi_util.h"
@@ -12,6 +13,8 @@
 #include "ops/backend.h"
 
 namespace hvdcompat {
+
+class MpiHierarchy;
 
 // Note [Streaming fused allreduce]
 // A fused allreduce never packs the whole fused payload at once. It fills a
@@ -31,7 +34,10 @@ namespace hvdcompat {
 // packing and rounded once while unpacking.
 class MpiBackend : public CollectiveBackend {
  public:
-  MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config);
+  // `stats` (may be null) counts the node-aware calls.
+  MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
+             EngineStats* stats = nullptr);
+  ~MpiBackend() override;
 
   const char* name() const override { return "MPI"; }
   bool CanExecute(const Response& response) const override;
@@ -57,6 +63,9 @@ class MpiBackend : public CollectiveBackend {
   void ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype, ReduceOp op, double post);
   // Splits a count past INT_MAX into several calls.
   void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  // MPI_Allgatherv on comm_, node-aware when HOROVOD_HIERARCHICAL_ALLGATHER applies.
+  void AllgathervBlocks(const void* send, int send_count, void* recv, const std::vector<int>& counts,
+                        const std::vector<int>& displs, MPI_Datatype type, size_t esize);
 
   MPI_Comm comm_;
   const MpiOps* ops_;
@@ -69,6 +78,9 @@ class MpiBackend : public CollectiveBackend {
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
+  // Node and cross-node communicators; only with a hierarchical knob set.
+  std::unique_ptr<MpiHierarchy> hierarchy_;
+  EngineStats* stats_;
 };
 
 // Rows of dim 0 that set rank `rank` receives when `rows` are scattered over

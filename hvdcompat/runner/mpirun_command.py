@@ -146,6 +146,8 @@ class LaunchSpec:
         as_root: the launcher runs as root.
         local_cores: physical cores here, to decide on oversubscription.
         flavor: result of :func:`mpi_flavor`.
+        npernode: ranks per host when > 0 (Open MPI's ``-npernode``,
+            Hydra's ``-ppn``); 0 leaves placement to the host slots.
     """
 
     np: int
@@ -157,6 +159,35 @@ class LaunchSpec:
     as_root: bool = False
     local_cores: int = 1
     flavor: str = "openmpi"
+    npernode: int = 0
+
+
+def _hydra_command(mpirun, spec, hosts, names):
+    """The argv for MPICH's ``mpiexec`` (Hydra): MPICH, Intel MPI, MVAPICH, Cray's PALS alike.
+
+    Hydra spells hosts ``-hosts h1:2,h2:2`` and per-host counts ``-ppn``; it
+    runs as root and more ranks than cores without being told. It forwards
+    the launching environment to every rank by default; ``-genvlist`` names
+    ours anyway, so a site whose mpiexec defaults to ``-genvnone`` still
+    passes them. On an oversubscribed machine ranks must not spin in MPI's
+    progress loop: ``-genv`` turns on MPICH's progress throttle there (see
+    Note [Waiting ranks yield] in hvdcompat/basics.py).
+    """
+    cmd = [mpirun, "-np", str(spec.np)]
+    if hosts:
+        cmd += ["-hosts", hosts]
+    if spec.npernode > 0:
+        cmd += ["-ppn", str(spec.npernode)]
+    cmd += ["-bind-to", "none"]
+    if names:
+        cmd += ["-genvlist", ",".join(names)]
+    if not spec.hosts and spec.np > spec.local_cores and _HYDRA_THROTTLE not in spec.env:
+        cmd += ["-genv", _HYDRA_THROTTLE, "1"]
+    return cmd + list(spec.mpi_args) + list(spec.command)
+
+
+# MPICH (ch4): after a run of polls without progress, sleep 1 us instead of spinning.
+_HYDRA_THROTTLE = "MPIR_CVAR_CH4_PROGRESS_THROTTLE"
 
 
 def build_command(mpirun, spec):
@@ -184,13 +215,7 @@ def build_command(mpirun, spec):
         if spec.fault_tolerant:
             raise ValueError("hvdcompatrun --fault-tolerant needs Open MPI 5 (ULFM); this "
                              f"mpirun ({mpirun}) is MPICH/Hydra")
-        cmd = [mpirun, "-np", str(spec.np)]
-        if hosts:
-            cmd += ["-hosts", hosts]
-        cmd += ["-bind-to", "none"]
-        if names:
-            cmd += ["-genvlist", ",".join(names)]
-        return cmd + list(spec.mpi_args) + list(spec.command)
+        return _hydra_command(mpirun, spec, hosts, names)
 
     cmd = [mpirun]
     if spec.as_root:

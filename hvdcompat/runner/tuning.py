@@ -62,6 +62,7 @@ TUNING_FLAGS = (
     TuningFlag(("--cycle-time-ms",), "CYCLE_TIME", float, _number, "MS"),
     TuningFlag(("--cache-capacity",), "CACHE_CAPACITY", int, str, "N"),
     TuningFlag(("--hierarchical-allreduce",), "HIERARCHICAL_ALLREDUCE"),
+    TuningFlag(("--hierarchical-allgather",), "HIERARCHICAL_ALLGATHER"),
     TuningFlag(("--num-nccl-streams",), "NUM_NCCL_STREAMS", int, str, "N"),
     TuningFlag(("--timeline-filename",), "TIMELINE", str, str, "FILE"),
     TuningFlag(("--timeline-mark-cycles",), "TIMELINE_MARK_CYCLES"),

@@ -10,9 +10,14 @@ import torch
 import hvdcompat as hvd
 
 
+def _launcher(what):
+    """The launcher's RANK or SIZE for this process (Open MPI's or Hydra's PMI name)."""
+    return int(os.environ.get(f"OMPI_COMM_WORLD_{what}") or os.environ[f"PMI_{what}"])
+
+
 def test_rank_and_size_match_the_launcher():
-    assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
-    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.rank() == _launcher("RANK")
+    assert hvd.size() == _launcher("SIZE")
     assert hvd.is_initialized()
 
 
@@ -64,7 +69,7 @@ def test_shutdown_then_init_again_works_many_times():
 
 def test_second_init_is_harmless():
     hvd.init()
-    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.size() == _launcher("SIZE")
 
 
 def test_init_with_an_mpi4py_communicator_and_a_rank_list():

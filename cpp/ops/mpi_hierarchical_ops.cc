@@ -1,0 +1,123 @@
+#include "ops/mpi_hierarchical_ops.h"
+
+#include <vector>
+
+#include "logging.h"
+#include "mpi_util.h"
+
+namespace hvdcompat {
+
+MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
+  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+  const int64_t per_node = config.hierarchical_local_size;
+  if (per_node > 0) {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, static_cast<int>(rank_ / per_node), rank_,
+                                        &local_));
+  } else {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                             &local_));
+  }
+  MPI_Comm_set_errhandler(local_, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(local_, MPI_Comm_rank(local_, &local_rank_));
+  HVD_MPI_CHECK(local_, MPI_Comm_size(local_, &local_size_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_));
+  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(cross_, MPI_Comm_rank(cross_, &cross_rank_));
+  HVD_MPI_CHECK(cross_, MPI_Comm_size(cross_, &cross_size_));
+
+  // {min local size, -max local size, nodes of consecutive ranks everywhere}
+  int facts[3] = {local_size_, -local_size_,
+                  rank_ == cross_rank_ * local_size_ + local_rank_ ? 1 : 0};
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, facts, 3, MPI_INT, MPI_MIN, comm_));
+  const bool homogeneous = facts[0] == -facts[1];
+  const bool consecutive = homogeneous && facts[2] == 1;
+  const bool layered = local_size_ > 1 && cross_size_ > 1;
+  allreduce_ = config.hierarchical_allreduce && homogeneous && layered;
+  allgather_ = config.hierarchical_allgather && consecutive && layered;
+
+  if (rank_ != 0) return;
+  auto why = [&](bool wanted_consecutive) -> std::string {
+    if (!homogeneous) {
+      return "nodes run different numbers of ranks (" + std::to_string(facts[0]) + " to " +
+             std::to_string(-facts[1]) + ")";
+    }
+    if (!layered) {
+      return local_size_ == 1 ? "one rank per node" : "one node";
+    }
+    if (wanted_consecutive && !consecutive) return "nodes are not made of consecutive ranks";
+    return "";
+  };
+  if (config.hierarchical_allreduce && !allreduce_) {
+    HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLREDUCE: using the flat allreduce on host "
+                      "tensors (" << why(false) << ")";
+  }
+  if (config.hierarchical_allgather && !allgather_) {
+    HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLGATHER: using the flat allgather ("
+                   << why(true) << ")";
+  }
+  if (allreduce_ || allgather_) {
+    HVD_LOG(kDebug) << "hierarchical host collectives: " << cross_size_ << " nodes x "
+                    << local_size_ << " ranks";
+  }
+}
+
+MpiHierarchy::~MpiHierarchy() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&cross_, &local_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+}
+
+// Failures are reported against comm_ (the set's communicator), so a lost
+// peer is named by its rank in the set and comm_ is revoked for the other
+// pending operations, as on the flat path.
+void MpiHierarchy::Allreduce(void* buf, int count, MPI_Datatype type, size_t esize, MPI_Op op) {
+  // Shard i of the node: count / L elements, the first count % L shards one more.
+  std::vector<int> counts(local_size_), displs(local_size_);
+  int at = 0;
+  for (int i = 0; i < local_size_; ++i) {
+    counts[i] = count / local_size_ + (i < count % local_size_ ? 1 : 0);
+    displs[i] = at;
+    at += counts[i];
+  }
+  const int mine = counts[local_rank_];
+  char* shard = shard_.Reserve(static_cast<size_t>(mine) * esize);
+  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(buf, shard, counts.data(), type, op, local_));
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, shard, mine, type, op, cross_));
+  HVD_MPI_CHECK(comm_, MPI_Allgatherv(shard, mine, type, buf, counts.data(), displs.data(),
+                                       type, local_));
+}
+
+void MpiHierarchy::Allgatherv(const void* send, int send_count, void* recv, const int* counts,
+                              const int* displs, MPI_Datatype type, size_t esize) {
+  // Nodes are consecutive ranks (checked at construction): node c holds ranks
+  // c*L .. c*L+L-1, and its block of the output is contiguous.
+  const int first = cross_rank_ * local_size_;
+  std::vector<int> lcounts(local_size_), ldispls(local_size_);
+  for (int i = 0; i < local_size_; ++i) {
+    lcounts[i] = counts[first + i];
+    ldispls[i] = displs[first + i] - displs[first];
+  }
+  char* node_block = static_cast<char*>(recv) + static_cast<size_t>(displs[first]) * esize;
+  HVD_MPI_CHECK(comm_, MPI_Gatherv(send, send_count, type, node_block, lcounts.data(),
+                                    ldispls.data(), type, 0, local_));
+  if (local_rank_ == 0) {
+    // The cross communicator of local rank 0 holds the nodes' first ranks, in node order.
+    std::vector<int> ncounts(cross_size_), ndispls(cross_size_);
+    for (int c = 0; c < cross_size_; ++c) {
+      int64_t n = 0;
+      for (int i = 0; i < local_size_; ++i) n += counts[c * local_size_ + i];
+      ncounts[c] = static_cast<int>(n);
+      ndispls[c] = displs[c * local_size_];
+    }
+    HVD_MPI_CHECK(comm_, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
+                                         ncounts.data(), ndispls.data(), type, cross_));
+  }
+  const int64_t total = static_cast<int64_t>(displs[size_ - 1]) + counts[size_ - 1];
+  HVD_MPI_CHECK(comm_, MPI_Bcast(recv, static_cast<int>(total), type, 0, local_));
+}
+
+}  // namespace hvdcompat

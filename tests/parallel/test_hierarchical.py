@@ -1,0 +1,135 @@
+"""Hierarchical host collectives: same results as the flat ones, used exactly where they apply.
+
+One host has one node, so the node split is forced with
+HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE=K (ranks r with equal r // K form a node).
+The three-step path runs when the pseudo-nodes are even and both levels have
+more than one rank (4 ranks with K=2); otherwise (2 or 3 ranks, K=3 on 4
+ranks) the engine must fall back to the flat collectives. The engine's
+counters show which path ran; the results are checked against references
+computed here from every rank's input.
+"""
+
+import pytest
+import torch
+
+import hvdcompat as hvd
+from parallel_util import (
+    DTYPES, all_inputs, assert_same, dtype_id, engine, expected_reduce, rank_input,
+)
+
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+       "Product": hvd.Product}
+# Small shapes, a shape with fewer elements than a node has ranks, an empty
+# one, and tensors past the in-place threshold (256 KiB) that skip the fusion copy.
+SHAPES = [(7,), (3, 4), (1,), (0,)]
+LARGE = 70_000
+
+
+def _hierarchical(per_node):
+    """Whether the three-step path applies to this job with nodes of `per_node` ranks."""
+    n = hvd.size()
+    return per_node > 1 and n % per_node == 0 and n // per_node > 1
+
+
+def _exact(dtype, op):
+    return dtype not in (torch.float16, torch.bfloat16) or op != hvd.Average
+
+
+def _layout(per_node, fused):
+    knobs = dict(hierarchical_allreduce=1, hierarchical_allgather=1,
+                 hierarchical_local_size=per_node)
+    if not fused:
+        knobs["fusion_threshold"] = 0
+    return engine(**knobs)
+
+
+def _counters():
+    s = hvd.engine_stats()
+    return s["hierarchical_allreduces"], s["hierarchical_allgathers"]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("per_node", [2, 3])
+def test_allreduce_every_dtype_op_and_scale(per_node, fused):
+    with _layout(per_node, fused) as cfg:
+        assert cfg["hierarchical_allreduce"] and cfg["hierarchical_allgather"]
+        cases = []
+        for dtype in DTYPES:
+            for op_name, op in OPS.items():
+                lo, hi = (-2, 3) if op == hvd.Product else (-5, 6)
+                for shape in SHAPES:
+                    key = ("hier", op_name, dtype_id(dtype), shape)
+                    xs = all_inputs(shape, dtype, key, lo=lo, hi=hi)
+                    cases.append((f"{op_name} {dtype} {shape}", xs, dtype, op, 1.0, 1.0))
+            for op in (hvd.Sum, hvd.Average):
+                xs = all_inputs((5,), dtype, ("hier.scaled", dtype_id(dtype), op))
+                cases.append((f"scaled {op} {dtype}", xs, dtype, op, 0.5, 3.0))
+        for dtype in (torch.float32, torch.float16, torch.int64):
+            xs = all_inputs((LARGE,), dtype, ("hier.large", dtype_id(dtype)))
+            cases.append((f"large {dtype}", xs, dtype, hvd.Average, 1.0, 1.0))
+        handles = [hvd.allreduce_async(xs[hvd.rank()], op=op, prescale_factor=pre,
+                                       postscale_factor=post, name=f"hier.ar.{i}")
+                   for i, (_, xs, _, op, pre, post) in enumerate(cases)]
+        for (what, xs, dtype, op, pre, post), h in zip(cases, handles):
+            assert_same(hvd.synchronize(h), expected_reduce(xs, dtype, op, pre, post),
+                        exact=_exact(dtype, op), what=what)
+        allreduces, allgathers = _counters()
+    if _hierarchical(per_node):
+        assert allreduces > 0, "the hierarchical allreduce never ran on an even layout"
+    else:
+        assert allreduces == 0, (f"{hvd.size()} ranks in nodes of {per_node}: the layout "
+                                 "does not qualify, yet the hierarchical allreduce ran")
+    assert allgathers == 0
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("per_node", [2, 3])
+def test_allgather_uneven_rows_every_dtype(per_node, fused):
+    n = hvd.size()
+    with _layout(per_node, fused):
+        cases = []
+        for dtype in DTYPES + [torch.bool]:
+            for cols in ((), (3,)):
+                # Rank r holds r % 3 + 1 rows (rank 2 of 4 holds 3, rank 3 holds 1).
+                parts = [rank_input(r, (r % 3 + 1, *cols), dtype, ("hier.ag", dtype_id(dtype),
+                                                                    cols)) for r in range(n)]
+                cases.append((f"allgather {dtype} {cols}", parts))
+        handles = [hvd.allgather_async(parts[hvd.rank()], name=f"hier.ag.{i}")
+                   for i, (_, parts) in enumerate(cases)]
+        for (what, parts), h in zip(cases, handles):
+            assert_same(hvd.synchronize(h), torch.cat(parts), what=what)
+        # One tensor alone takes the unfused call even when fusion is on.
+        single = [rank_input(r, (r + 2, 2), torch.float32, "hier.ag.single") for r in range(n)]
+        assert_same(hvd.allgather(single[hvd.rank()], name="hier.ag.single"), torch.cat(single),
+                    what="single allgather")
+        allreduces, allgathers = _counters()
+    if _hierarchical(per_node):
+        assert allgathers > 0, "the hierarchical allgather never ran on an even layout"
+    else:
+        assert allgathers == 0
+    del allreduces  # negotiation of the rows is not an allreduce of ours
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32],
+                         ids=dtype_id)
+def test_joined_rank_contributes_zeros_and_identities(dtype):
+    n = hvd.size()
+    with _layout(2, True):
+        for first in range(n):
+            xs = all_inputs((6,), dtype, ("hier.join", dtype_id(dtype), first), lo=1, hi=4)
+            zeroed = [x if r != first else torch.zeros_like(x) for r, x in enumerate(xs)]
+            others = [x for r, x in enumerate(xs) if r != first]
+            if hvd.rank() == first:
+                hvd.join()
+                continue
+            hs = {name: hvd.allreduce_async(xs[hvd.rank()], op=op,
+                                            name=f"hier.join.{name}.{dtype_id(dtype)}.{first}")
+                  for name, op in OPS.items()}
+            for name, op in OPS.items():
+                if op in (hvd.Sum, hvd.Average):
+                    expected = expected_reduce(zeroed, dtype, op, size=n)
+                else:
+                    expected = expected_reduce(others, dtype, op)
+                assert_same(hvd.synchronize(hs[name]), expected, exact=_exact(dtype, op),
+                            what=f"{name} with rank {first} joined")
+            hvd.join()
