@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "dlpack_export.h"
+#include "elastic_reset.h"
 #include "env.h"
 #include "ops/mpi_ops.h"
 #include "runtime.h"
@@ -30,6 +31,9 @@ struct Core {
   // another thread shuts it down (shutdown fails the op; the waiter returns).
   std::shared_ptr<Runtime> runtime;
   bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit
+  // After an elastic reset: the survivors' communicator, which a later
+  // hvd.init() without `comm` runs on instead of MPI_COMM_WORLD.
+  MPI_Comm world = MPI_COMM_NULL;
 };
 
 Core& TheCore() {
@@ -74,6 +78,8 @@ void Init(py::object comm_handle, std::vector<int> ranks,
   InitOptions opts;
   if (!comm_handle.is_none()) {
     opts.comm = reinterpret_cast<MPI_Comm>(comm_handle.cast<uintptr_t>());
+  } else if (core.world != MPI_COMM_NULL) {
+    opts.comm = core.world;
   }
   opts.ranks = std::move(ranks);
   opts.process_sets = std::move(process_sets);
@@ -96,6 +102,20 @@ void Shutdown() {
   py::gil_scoped_release release;
   if (rt) rt->Stop();
   rt.reset();
+}
+
+// Note [Elastic reset] (cpp/elastic_reset.h). Returns the survivors' ranks
+// in the old world, in new-rank order.
+std::vector<int> ElasticReset() {
+  Core& core = TheCore();
+  std::lock_guard<std::mutex> lock(core.mu);
+  if (!core.runtime) throw py::value_error(kNotInitialized);
+  py::gil_scoped_release release;
+  ResetResult r = RebuildFromSurvivors(core.runtime);
+  core.runtime = std::move(r.runtime);
+  if (core.world != MPI_COMM_NULL) MPI_Comm_free(&core.world);
+  core.world = r.world;
+  return r.survivors;
 }
 
 void Finalize() {
@@ -237,6 +257,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("init", &Init, py::arg("comm_handle"), py::arg("ranks"), py::arg("process_sets"),
         py::arg("dynamic"));
   m.def("shutdown", &Shutdown);
+  m.def("elastic_reset", &ElasticReset,
+        "Rebuilds the runtime from the surviving ranks, in place (collective over survivors).");
+  m.def("fault_tolerance_enabled", [] { return FaultToleranceEnabled(); },
+        "Whether MPI runs with ULFM enabled (mpirun --with-ft ulfm).");
   m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); },
         "Aborts every rank of the job (used by the test harness on a failure).");
   m.def("finalize", &Finalize, "Shut down and, if hvdcompat initialised MPI, finalize it.");

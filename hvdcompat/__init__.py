@@ -17,6 +17,7 @@ from hvdcompat.optimizer import DistributedOptimizer
 from hvdcompat.sync_batch_norm import SyncBatchNorm
 from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule layout)
 from hvdcompat import functions, optimizer, sync_batch_norm  # noqa: F401
+from hvdcompat import elastic  # noqa: F401  (hvd.elastic, as horovod.torch.elastic)
 
 __version__ = "0.1.0"
 

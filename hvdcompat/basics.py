@@ -156,7 +156,52 @@ def shutdown():
         _ps._after_shutdown()
 
 
+def _elastic_reset():
+    """Rebuilds the runtime from the surviving ranks in place (Note [Elastic reset]).
+
+    The one place where a reset happens: the core swaps its runtime, then the
+    Python layer forgets what belonged to the old world (handles, name
+    counters, GPU state) and re-reads the process sets.
+
+    Returns:
+        The survivors' ranks in the old world, in new-rank order.
+    """
+    from hvdcompat import process_sets as _ps
+
+    with _lifecycle_lock:
+        _require_init()
+        for fn in _on_shutdown:
+            fn()
+        survivors = _core.elastic_reset()
+        for fn in _on_init:
+            fn()
+        _ps._after_reset()
+        return survivors
+
+
+_exit_failed = [False]
+
+
+def _exit_as_failed_rank():
+    """Makes this process end as a failed rank when it exits (elastic training, ULFM).
+
+    A graceful exit (engine shutdown, MPI_Finalize) would wait for ranks that
+    are busy rebuilding the job without this one; ending at once lets them
+    see it as lost. Without ULFM the job ends anyway, so nothing changes.
+    """
+    try:
+        _exit_failed[0] = _core.is_initialized() and _core.fault_tolerance_enabled()
+    except Exception:  # noqa: BLE001 - MPI may be gone already; then exit normally
+        _exit_failed[0] = False
+
+
 def _at_exit():
+    if _exit_failed[0]:
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
         from hvdcompat import process_sets as _ps
