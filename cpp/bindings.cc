@@ -307,6 +307,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("reset_engine_stats", [] { Rt().stats().Reset(); });
   m.def("config", &ConfigDict);
   m.def("knobs", &Knobs);
+  m.def("knob", [](const std::string& suffix) {
+    for (const auto& k : AllKnobs()) {
+      if (suffix == k.suffix) return KnobString(k.knob);
+    }
+    throw py::key_error("no knob HVDCOMPAT_" + suffix);
+  }, "A knob's value (HVDCOMPAT_ first, then HOROVOD_, then its default).");
   m.def("build_info", &BuildInfo);
   m.def("reducescatter_rows", &ReducescatterRows, py::arg("rows"), py::arg("size"), py::arg("rank"),
         "Rows of dimension 0 that set rank `rank` receives from reducescatter.");

@@ -57,6 +57,15 @@ const std::vector<KnobSpec>& AllKnobs() {
        "libcudart to load (default: torch's copy, the nvidia-cuda-runtime wheel, the system's)."},
       {Knob::kHierarchicalLocalSize, "HIERARCHICAL_LOCAL_SIZE", false, "0", "ranks",
        "Ranks per node for the hierarchical allreduce split (0: ranks sharing memory)."},
+      // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
+      {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
+       "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
+      {Knob::kElasticResetLimit, "ELASTIC_RESET_LIMIT", false, "", "resets",
+       "hvd.elastic.run fails after this many resets (--reset-limit; empty: no limit)."},
+      {Knob::kElasticDir, "ELASTIC_DIR", false, "", "path",
+       "Directory of the elastic driver's host notices and the ranks' completion marks."},
+      {Knob::kElasticHost, "ELASTIC_HOST", false, "", "name",
+       "This rank's host name as host discovery lists it (default: the machine's name)."},
   };
   return knobs;
 }

@@ -34,6 +34,10 @@ enum class Knob : int {
   kNcclLib,
   kCudartLib,
   kHierarchicalLocalSize,
+  kElasticMinNp,
+  kElasticResetLimit,
+  kElasticDir,
+  kElasticHost,
   kCount,
 };
 

@@ -2,29 +2,51 @@
 
 import functools
 import os
+import sys
 import time
 
 from hvdcompat import basics
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-__all__ = ["run", "run_fn", "reset", "MIN_NP_ENV", "RESET_LIMIT_ENV"]
-
-MIN_NP_ENV = "HVDCOMPAT_ELASTIC_MIN_NP"        # set by hvdcompatrun --min-np
-RESET_LIMIT_ENV = "HVDCOMPAT_ELASTIC_RESET_LIMIT"  # set by hvdcompatrun --reset-limit
-
-# Seconds from the start of the last reset to its end, and from the failure
-# being raised to the end of the reset (for the example's report).
-last_reset_seconds = [None]
+__all__ = ["run", "run_fn", "reset", "last_reset_seconds"]
 
 
-def _env_int(name):
-    value = os.environ.get(name, "")
+_last_reset_seconds = [None]
+
+
+def last_reset_seconds():
+    """Seconds the last reset on this rank took (None before the first); an hvdcompat extension."""
+    return _last_reset_seconds[0]
+
+
+def _knob_int(suffix):
+    value = basics._core.knob(suffix)
     if not value:
         return None
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r}: expected an integer") from None
+        raise ValueError(f"HVDCOMPAT_{suffix}={value!r}: expected a whole number") from None
+
+
+def _leave_if_host_removed():
+    """A rank on a host that discovery removed leaves before the others shrink the job."""
+    from hvdcompat.elastic import notifications
+
+    if notifications.host_removed():
+        print(f"hvdcompat: host {notifications.this_host()} was removed by host discovery; "
+              f"rank {basics.rank()} leaves the job", flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # as a lost rank: no shutdown, no MPI_Finalize
+
+
+def _mark_finished():
+    """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world)."""
+    directory = basics._core.knob("ELASTIC_DIR")
+    if directory:
+        with open(os.path.join(directory, f"finished.{basics.rank()}"), "w") as f:
+            f.write(f"{basics.size()}\n")
 
 
 def reset():
@@ -40,10 +62,11 @@ def reset():
     Raises:
         HorovodInternalError: fewer ranks than ``--min-np`` survived.
     """
+    _leave_if_host_removed()
     started = time.monotonic()
     survivors = basics._elastic_reset()
-    last_reset_seconds[0] = time.monotonic() - started
-    min_np = _env_int(MIN_NP_ENV)
+    _last_reset_seconds[0] = time.monotonic() - started
+    min_np = _knob_int("ELASTIC_MIN_NP")
     if min_np is not None and basics.size() < min_np:
         raise HorovodInternalError(
             f"elastic reset: only {basics.size()} rank(s) are left (the old world's ranks "
@@ -67,7 +90,7 @@ def run_fn(func, reset_fn):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        limit = _env_int(RESET_LIMIT_ENV)
+        limit = _knob_int("ELASTIC_RESET_LIMIT")
         resets = 0
         skip_sync = False
         reset_required = False
@@ -88,7 +111,9 @@ def run_fn(func, reset_fn):
                         skip_sync = _agree_on_skip_sync(skip_sync)
                     if not skip_sync:
                         state.sync()
-                    return func(state, *args, **kwargs)
+                    result = func(state, *args, **kwargs)
+                    _mark_finished()
+                    return result
                 except HorovodInternalError:
                     state.restore()
                     skip_sync = False
