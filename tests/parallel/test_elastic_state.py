@@ -49,22 +49,22 @@ def test_sync_takes_rank_zeros_model_optimizer_sampler_and_values():
     assert sorted(flat) == sorted(sampler.order()[2 * hvd.size():])
 
 
-def _notice_file():
-    path = tempfile.mktemp(prefix="hvd-notices-") if hvd.rank() == 0 else None
-    return hvd.broadcast_object(path, name="elastic.notices.path")
+def _shared_dir():
+    path = tempfile.mkdtemp(prefix="hvd-notices-") if hvd.rank() == 0 else None
+    return hvd.broadcast_object(path, name="elastic.notices.dir")
 
 
 def test_a_host_notice_to_rank_zero_interrupts_every_rank_at_commit(monkeypatch):
-    path = _notice_file()
-    monkeypatch.setenv("HVDCOMPAT_ELASTIC_NOTICES", path)
+    directory = _shared_dir()
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", directory)
     from hvdcompat.elastic import notifications
 
     monkeypatch.setattr(notifications, "_offset", [0])
     state = hvd.elastic.TorchState(_model(0.0), batch=0)
     state.commit()  # no notice yet
-    if hvd.rank() == 0:
-        with open(path, "w") as f:
-            f.write(f"{time.time()} {int(hvd.elastic.HostUpdateResult.removed)}\n")
+    if hvd.rank() == 0:  # only rank 0 reads notices; the others learn from its broadcast
+        with open(os.path.join(directory, "notices"), "w") as f:
+            f.write(f"{time.time()} {int(hvd.elastic.HostUpdateResult.removed)} elsewhere\n")
     raised = None
     try:
         state.commit()
@@ -72,9 +72,11 @@ def test_a_host_notice_to_rank_zero_interrupts_every_rank_at_commit(monkeypatch)
         raised = e.skip_sync
     assert hvd.allgather_object(raised) == [True] * hvd.size()
     state.commit()  # the notice is consumed
+    assert not notifications.host_removed()  # "elsewhere" is not this host
     hvd.barrier()
     if hvd.rank() == 0:
-        os.remove(path)
+        os.remove(os.path.join(directory, "notices"))
+        os.rmdir(directory)
 
 
 def test_run_resets_and_retries_after_hosts_updated_and_every_rank_syncs_unless_all_skip():
@@ -121,3 +123,30 @@ def test_run_restores_the_last_commit_after_an_internal_error():
         return state.step
 
     assert train(state) == 2  # restored to 1, then incremented again
+
+
+def test_a_reset_without_a_lost_rank_keeps_the_world_and_the_process_sets():
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    try:
+        last = hvd.size() - 1
+        members = [0, last] if hvd.size() > 2 else [0]  # not the whole world
+        pair = hvd.add_process_set(members)
+        before = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                  hvd.cross_size())
+        survivors = hvd.elastic.reset()
+        assert survivors == list(range(hvd.size()))
+        assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                hvd.cross_size()) == before
+        assert pair.process_set_id == 1 and pair.ranks == members
+        if hvd.rank() in members:
+            got = hvd.allreduce(torch.tensor([float(hvd.rank())]), name="elastic.pair",
+                                op=hvd.Sum, process_set=pair)
+            assert got.item() == float(sum(members))
+        total = hvd.allreduce(torch.ones(1), name="elastic.after_reset", op=hvd.Sum)
+        assert total.item() == hvd.size()
+        third = hvd.add_process_set([last])  # ids continue after the kept ones
+        assert third.process_set_id == 2
+    finally:
+        hvd.shutdown()
+        hvd.init()
