@@ -108,13 +108,28 @@ void Shutdown() {
 // in the old world, in new-rank order.
 std::vector<int> ElasticReset() {
   Core& core = TheCore();
-  std::lock_guard<std::mutex> lock(core.mu);
-  if (!core.runtime) throw py::value_error(kNotInitialized);
+  std::shared_ptr<Runtime> old;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (!core.runtime) throw py::value_error(kNotInitialized);
+    old = core.runtime;
+  }
+  // Not under core.mu: the rebuild is collective and may take a while, and
+  // another thread's call must not hold the GIL while waiting for the lock.
+  // Such a call meanwhile meets the stopped old runtime and fails.
+  ResetResult r;
+  {
+    py::gil_scoped_release release;
+    r = RebuildFromSurvivors(old);
+  }
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    core.runtime = std::move(r.runtime);
+    if (core.world != MPI_COMM_NULL) MPI_Comm_free(&core.world);
+    core.world = r.world;
+  }
   py::gil_scoped_release release;
-  ResetResult r = RebuildFromSurvivors(core.runtime);
-  core.runtime = std::move(r.runtime);
-  if (core.world != MPI_COMM_NULL) MPI_Comm_free(&core.world);
-  core.world = r.world;
+  old.reset();  // frees the old communicators (unless another thread still holds it)
   return r.survivors;
 }
 

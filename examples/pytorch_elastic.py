@@ -78,6 +78,12 @@ def parse_args():
     p.add_argument("--inject-failure", default="", metavar="RANK:EPOCH:BATCH:MODE",
                    help="rank RANK (or 'all') fails before batch BATCH of epoch EPOCH; MODE is "
                         "exception or sigkill")
+    p.add_argument("--simulate-hosts", default="", metavar="NAMES",
+                   help="comma-separated host name of each rank (e.g. a,a,b), to try host "
+                        "removal on one machine")
+    p.add_argument("--remove-host", default="", metavar="EPOCH:BATCH:HOST",
+                   help="rank 0 announces HOST as removed before batch BATCH of epoch EPOCH, as "
+                        "hvdcompatrun's --host-discovery-script loop does when a host disappears")
     p.add_argument("--report-dir", default="",
                    help="also write one JSON report per rank here (for tests)")
     return p.parse_args()
@@ -85,6 +91,9 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.simulate_hosts:
+        names = args.simulate_hosts.split(",")
+        os.environ["HVDCOMPAT_ELASTIC_HOST"] = names[int(os.environ["OMPI_COMM_WORLD_RANK"])]
     hvd.init()
     first_rank = hvd.rank()  # ranks change when others are lost; this is who we were
     torch.manual_seed(0)
@@ -116,6 +125,16 @@ def main():
         raise RuntimeError(f"injected failure on rank {first_rank} at epoch {state.epoch} "
                            f"batch {state.batch}")
 
+    removal = args.remove_host.split(":") if args.remove_host else None
+
+    def maybe_announce_removal():
+        if not removal or hvd.rank() != 0 or (state.epoch, state.batch) != (int(removal[0]),
+                                                                           int(removal[1])):
+            return
+        with open(os.path.join(os.environ["HVDCOMPAT_ELASTIC_DIR"], "notices"), "a") as f:
+            f.write(f"{time.time():.6f} {int(hvd.elastic.HostUpdateResult.removed)} "
+                    f"{removal[2]}\n")
+
     def on_reset():
         print(f"rank {first_rank}: reset done, now rank {hvd.rank()} of {hvd.size()} "
               f"(reset took {hvd.elastic.last_reset_seconds():.2f} s)", flush=True)
@@ -129,6 +148,7 @@ def main():
                 loss = torch.tensor(float("nan"))
                 for idx, x, y in loader:
                     maybe_fail()
+                    maybe_announce_removal()
                     optimizer.zero_grad()
                     loss = F.cross_entropy(model(x), y)
                     loss.backward()

@@ -172,7 +172,14 @@ def _elastic_reset():
         _require_init()
         for fn in _on_shutdown:
             fn()
-        survivors = _core.elastic_reset()
+        try:
+            survivors = _core.elastic_reset()
+        except RuntimeError as e:
+            from hvdcompat.exceptions import HorovodInternalError
+
+            raise HorovodInternalError(
+                f"elastic reset: rebuilding the job from the surviving ranks failed: {e}. "
+                "The job cannot continue; restart it.") from e
         for fn in _on_init:
             fn()
         _ps._after_reset()

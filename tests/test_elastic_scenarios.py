@@ -65,6 +65,20 @@ def test_survivors_continue_from_the_last_commit(mode, tmp_path):
     assert "recovery from the death to training resumed" in out
 
 
+def test_a_removed_host_leaves_at_the_next_commit(tmp_path):
+    # Ranks 0 and 1 are on "hostA", rank 2 on "hostB"; discovery drops hostB during epoch 0.
+    code, out, reports = hvdcompatrun(
+        ["-np", "3", "--min-np", "2"],
+        ["--simulate-hosts", "hostA,hostA,hostB", "--remove-host", "0:1:hostB"], tmp_path)
+    assert code == 0, out
+    assert "host hostB was removed by host discovery; rank 2 leaves the job" in out, out
+    assert sorted(reports) == [0, 1], out
+    assert reports[0]["checksum"] == reports[1]["checksum"], out
+    for r in reports.values():
+        assert [(e["epoch"], e["size"], e["exactly_once"]) for e in r["epochs"]] == \
+            [(0, 2, True), (1, 2, True)], out
+
+
 def test_every_rank_failing_ends_the_job_with_an_error(tmp_path):
     code, out, reports = hvdcompatrun(["-np", "3", "--min-np", "1"],
                                       ["--inject-failure", "all:0:2:exception"], tmp_path)
