@@ -243,3 +243,79 @@ def test_host_notices_raise_with_skip_sync_only_for_removals(monkeypatch):
     assert e.value.skip_sync is False
     state.on_hosts_updated(2.5, hvd.elastic.HostUpdateResult.added)  # older than the last seen
     state.check_host_updates()
+
+
+# --- the run loop (reset and agreement faked) ------------------------------------------------
+
+class RecordingState(hvd.elastic.ObjectState):
+    def __init__(self):
+        super().__init__(lambda obj: obj, lambda: 0, attempt=0)
+        self.log = []
+
+    def sync(self):
+        self.log.append("sync")
+
+    def restore(self):
+        self.log.append("restore")
+
+    def on_reset(self):
+        self.log.append("on_reset")
+
+
+@pytest.fixture
+def loop(monkeypatch):
+    from hvdcompat.elastic import loop as loop_mod
+
+    exits = []
+    monkeypatch.setattr(loop_mod, "_agree_on_skip_sync", lambda skip: skip)
+    monkeypatch.setattr(loop_mod.basics, "_exit_as_failed_rank", lambda: exits.append(1))
+    monkeypatch.delenv("HVDCOMPAT_ELASTIC_RESET_LIMIT", raising=False)
+    return loop_mod, exits
+
+
+def test_run_restores_after_an_internal_error_and_skips_sync_only_when_agreed(loop):
+    loop_mod, exits = loop
+    state = RecordingState()
+    errors = [hvd.HorovodInternalError("lost"), hvd.HostsUpdatedInterrupt(skip_sync=True),
+              hvd.HostsUpdatedInterrupt(skip_sync=False)]
+
+    def func(state):
+        state.log.append("func")
+        if errors:
+            raise errors.pop(0)
+        return "done"
+
+    resets = []
+    assert loop_mod.run_fn(func, lambda: resets.append(1))(state) == "done"
+    assert state.log == ["sync", "func", "restore", "on_reset", "sync", "func",  # internal error
+                         "on_reset", "func",                                    # removed: skip
+                         "on_reset", "sync", "func"]                            # added: sync
+    assert len(resets) == 3 and not exits
+
+
+def test_run_stops_at_the_reset_limit_and_leaves_as_a_failed_rank(loop, monkeypatch):
+    loop_mod, exits = loop
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_RESET_LIMIT", "2")
+    resets = []
+
+    def func(state):
+        raise hvd.HorovodInternalError("lost again")
+
+    with pytest.raises(hvd.HorovodInternalError, match=r"reset limit \(--reset-limit 2\)"):
+        loop_mod.run_fn(func, lambda: resets.append(1))(RecordingState())
+    assert len(resets) == 2 and exits == [1]
+
+
+def test_reset_below_min_np_is_a_clear_error(monkeypatch):
+    from hvdcompat.elastic import loop as loop_mod
+
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_MIN_NP", "3")
+    monkeypatch.setattr(loop_mod, "_leave_if_host_removed", lambda: None)
+    monkeypatch.setattr(loop_mod.basics, "_elastic_reset", lambda: [0, 2])
+    monkeypatch.setattr(loop_mod.basics, "size", lambda: 2)
+    with pytest.raises(hvd.HorovodInternalError,
+                       match=r"only 2 rank\(s\) are left \(the old world's ranks \[0, 2\]\), "
+                             r"fewer than --min-np 3"):
+        loop_mod.reset()
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_MIN_NP", "2")
+    assert loop_mod.reset() == [0, 2]
