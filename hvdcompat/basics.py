@@ -170,6 +170,7 @@ def _elastic_reset():
 
     with _lifecycle_lock:
         _require_init()
+        old_size = _core.size()
         for fn in _on_shutdown:
             fn()
         try:
@@ -183,10 +184,16 @@ def _elastic_reset():
         for fn in _on_init:
             fn()
         _ps._after_reset()
+        if len(survivors) < old_size:
+            _lost_ranks[0] = True
         return survivors
 
 
 _exit_failed = [False]
+# Set once a reset has left ranks behind: at exit the engine is stopped but
+# MPI_Finalize is skipped, since Open MPI's finalize was seen to wait forever
+# now and then once processes of the job have died (the cause is not known).
+_lost_ranks = [False]
 
 
 def _exit_as_failed_rank():
@@ -203,12 +210,20 @@ def _exit_as_failed_rank():
 
 
 def _at_exit():
-    if _exit_failed[0]:
-        import sys
+    import sys
 
+    if _exit_failed[0]:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    if _lost_ranks[0]:
+        with _lifecycle_lock:
+            if _core.is_initialized():
+                _core.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # An unhandled exception has set sys.last_value by now.
+        os._exit(1 if getattr(sys, "last_value", None) is not None else 0)
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
         from hvdcompat import process_sets as _ps
