@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "dlpack_export.h"
+#include "elastic_reset.h"
 #include "env.h"
 #include "ops/mpi_ops.h"
 #include "runtime.h"
@@ -30,6 +31,9 @@ struct Core {
   // another thread shuts it down (shutdown fails the op; the waiter returns).
   std::shared_ptr<Runtime> runtime;
   bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit
+  // After an elastic reset: the survivors' communicator, which a later
+  // hvd.init() without `comm` runs on instead of MPI_COMM_WORLD.
+  MPI_Comm world = MPI_COMM_NULL;
 };
 
 Core& TheCore() {
@@ -77,6 +81,8 @@ void Init(py::object comm_handle, std::vector<int> ranks,
     // that every MPI defines as an integer. MPI_Comm itself is a pointer in
     // Open MPI and an int in the MPICH family.
     opts.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_handle.cast<int64_t>()));
+  } else if (core.world != MPI_COMM_NULL) {
+    opts.comm = core.world;
   }
   opts.ranks = std::move(ranks);
   opts.process_sets = std::move(process_sets);
@@ -99,6 +105,35 @@ void Shutdown() {
   py::gil_scoped_release release;
   if (rt) rt->Stop();
   rt.reset();
+}
+
+// Note [Elastic reset] (cpp/elastic_reset.h). Returns the survivors' ranks
+// in the old world, in new-rank order.
+std::vector<int> ElasticReset() {
+  Core& core = TheCore();
+  std::shared_ptr<Runtime> old;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (!core.runtime) throw py::value_error(kNotInitialized);
+    old = core.runtime;
+  }
+  // Not under core.mu: the rebuild is collective and may take a while, and
+  // another thread's call must not hold the GIL while waiting for the lock.
+  // Such a call meanwhile meets the stopped old runtime and fails.
+  ResetResult r;
+  {
+    py::gil_scoped_release release;
+    r = RebuildFromSurvivors(old);
+  }
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    core.runtime = std::move(r.runtime);
+    if (core.world != MPI_COMM_NULL) MPI_Comm_free(&core.world);
+    core.world = r.world;
+  }
+  py::gil_scoped_release release;
+  old.reset();  // frees the old communicators (unless another thread still holds it)
+  return r.survivors;
 }
 
 void Finalize() {
@@ -275,6 +310,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("init", &Init, py::arg("comm_handle"), py::arg("ranks"), py::arg("process_sets"),
         py::arg("dynamic"));
   m.def("shutdown", &Shutdown);
+  m.def("elastic_reset", &ElasticReset,
+        "Rebuilds the runtime from the surviving ranks, in place (collective over survivors).");
+  m.def("fault_tolerance_enabled", [] { return FaultToleranceEnabled(); },
+        "Whether MPI runs with ULFM enabled (mpirun --with-ft ulfm).");
   m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); },
         "Aborts every rank of the job (used by the test harness on a failure).");
   m.def("finalize", &Finalize, "Shut down and, if hvdcompat initialised MPI, finalize it.");
@@ -322,6 +361,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("autotune_history", &AutotuneHistory);
   m.def("config", &ConfigDict);
   m.def("knobs", &Knobs);
+  m.def("knob", [](const std::string& suffix) {
+    for (const auto& k : AllKnobs()) {
+      if (suffix == k.suffix) return KnobString(k.knob);
+    }
+    throw py::key_error("no knob HVDCOMPAT_" + suffix);
+  }, "A knob's value (HVDCOMPAT_ first, then HOROVOD_, then its default).");
   m.def("build_info", &BuildInfo);
   m.def("reducescatter_rows", &ReducescatterRows, py::arg("rows"), py::arg("size"), py::arg("rank"),
         "Rows of dimension 0 that set rank `rank` receives from reducescatter.");

@@ -74,6 +74,15 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kHierarchicalAllgather, "HIERARCHICAL_ALLGATHER", true, "0", "bool",
        "Host allgather as gather to each node's first rank, allgather among those, "
        "intra-node broadcast."},
+      // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
+      {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
+       "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
+      {Knob::kElasticResetLimit, "ELASTIC_RESET_LIMIT", false, "", "resets",
+       "hvd.elastic.run fails after this many resets (--reset-limit; empty: no limit)."},
+      {Knob::kElasticDir, "ELASTIC_DIR", false, "", "path",
+       "Directory of the elastic driver's host notices and the ranks' completion marks."},
+      {Knob::kElasticHost, "ELASTIC_HOST", false, "", "name",
+       "This rank's host name as host discovery lists it (default: the machine's name)."},
   };
   return knobs;
 }

@@ -41,6 +41,10 @@ enum class Knob : int {
   kAutotuneBayesOptMaxSamples,
   kAutotuneGaussianProcessNoise,
   kHierarchicalAllgather,
+  kElasticMinNp,
+  kElasticResetLimit,
+  kElasticDir,
+  kElasticHost,
   kCount,
 };
 

@@ -218,7 +218,8 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
     os << "rank(s) " << JoinInts(lost) << " failed (the process exited, was killed, or lost its "
        << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
        << "; collectives cannot complete without it. Look for that rank's own error first; "
-          "restart the job or use elastic training to continue with the survivors.";
+          "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
+          "--fault-tolerant to continue with the survivors from the last commit.";
   } else {
     os << "hvdcompat background worker" << (id_ ? " of process set " + std::to_string(id_) : std::string())
        << " on rank " << global_ranks_[rank_] << " failed";

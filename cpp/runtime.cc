@@ -45,7 +45,10 @@ Runtime::Runtime(const InitOptions& options)
   set_ranks_[0] = all;
   workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
                                                    &mpi_->ops(), &stats_, &timeline_, gpu_.get());
-  for (const auto& ranks : options.process_sets) RegisterLocked(ranks);
+  for (size_t i = 0; i < options.process_sets.size(); ++i) {
+    RegisterLocked(options.process_sets[i],
+                   i < options.process_set_ids.size() ? options.process_set_ids[i] : -1);
+  }
 }
 
 Runtime::~Runtime() {
@@ -183,7 +186,7 @@ int Runtime::Enqueue(EnqueueArgs args) {
   return handle;
 }
 
-int Runtime::RegisterLocked(std::vector<int> ranks) {
+int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id) {
   std::sort(ranks.begin(), ranks.end());
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= mpi_->size() || (i && ranks[i] == ranks[i - 1])) {
@@ -219,7 +222,13 @@ int Runtime::RegisterLocked(std::vector<int> ranks) {
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   int id;
-  if (!free_ids_.empty()) {
+  if (wanted_id > 0) {
+    // Ids below it that stay unused are handed out later.
+    id = wanted_id;
+    for (int i = next_id_; i < id; ++i) free_ids_.push_back(i);
+    next_id_ = std::max(next_id_, id + 1);
+    free_ids_.erase(std::remove(free_ids_.begin(), free_ids_.end(), id), free_ids_.end());
+  } else if (!free_ids_.empty()) {
     id = free_ids_.front();
     free_ids_.pop_front();
   } else {

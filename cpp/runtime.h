@@ -28,6 +28,7 @@ struct InitOptions {
   std::optional<MPI_Comm> comm;              // from mpi4py, duplicated
   std::vector<int> ranks;                    // hvd.init(comm=[...])
   std::vector<std::vector<int>> process_sets;  // static sets, registered as ids 1..n
+  std::vector<int> process_set_ids;  // when not empty: the id of each of process_sets (a reset)
   bool dynamic_process_sets = false;
 };
 
@@ -89,7 +90,8 @@ class Runtime {
   std::vector<int> ProcessSetIds() const;
 
  private:
-  int RegisterLocked(std::vector<int> ranks);
+  // `id` < 0: the next free id.
+  int RegisterLocked(std::vector<int> ranks, int id = -1);
 
   Config config_;
   std::unique_ptr<MpiContext> mpi_;

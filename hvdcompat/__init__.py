@@ -18,6 +18,7 @@ from hvdcompat.sync_batch_norm import SyncBatchNorm
 from hvdcompat.run_func import run  # Horovod's horovod.run
 from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule layout)
 from hvdcompat import functions, optimizer, sync_batch_norm  # noqa: F401
+from hvdcompat import elastic  # noqa: F401  (hvd.elastic, as horovod.torch.elastic)
 
 __version__ = "0.1.0"
 

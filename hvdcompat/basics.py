@@ -195,7 +195,74 @@ def shutdown():
         _ps._after_shutdown()
 
 
+def _elastic_reset():
+    """Rebuilds the runtime from the surviving ranks in place (Note [Elastic reset]).
+
+    The one place where a reset happens: the core swaps its runtime, then the
+    Python layer forgets what belonged to the old world (handles, name
+    counters, GPU state) and re-reads the process sets.
+
+    Returns:
+        The survivors' ranks in the old world, in new-rank order.
+    """
+    from hvdcompat import process_sets as _ps
+
+    with _lifecycle_lock:
+        _require_init()
+        old_size = _core.size()
+        for fn in _on_shutdown:
+            fn()
+        try:
+            survivors = _core.elastic_reset()
+        except RuntimeError as e:
+            from hvdcompat.exceptions import HorovodInternalError
+
+            raise HorovodInternalError(
+                f"elastic reset: rebuilding the job from the surviving ranks failed: {e}. "
+                "The job cannot continue; restart it.") from e
+        for fn in _on_init:
+            fn()
+        _ps._after_reset()
+        if len(survivors) < old_size:
+            _lost_ranks[0] = True
+        return survivors
+
+
+_exit_failed = [False]
+# Set once a reset has left ranks behind: at exit the engine is stopped but
+# MPI_Finalize is skipped, since Open MPI's finalize was seen to wait forever
+# now and then once processes of the job have died (the cause is not known).
+_lost_ranks = [False]
+
+
+def _exit_as_failed_rank():
+    """Makes this process end as a failed rank when it exits (elastic training, ULFM).
+
+    A graceful exit (engine shutdown, MPI_Finalize) would wait for ranks that
+    are busy rebuilding the job without this one; ending at once lets them
+    see it as lost. Without ULFM the job ends anyway, so nothing changes.
+    """
+    try:
+        _exit_failed[0] = _core.is_initialized() and _core.fault_tolerance_enabled()
+    except Exception:  # noqa: BLE001 - MPI may be gone already; then exit normally
+        _exit_failed[0] = False
+
+
 def _at_exit():
+    import sys
+
+    if _exit_failed[0]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    if _lost_ranks[0]:
+        with _lifecycle_lock:
+            if _core.is_initialized():
+                _core.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # An unhandled exception has set sys.last_value by now.
+        os._exit(1 if getattr(sys, "last_value", None) is not None else 0)
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
         from hvdcompat import process_sets as _ps

@@ -7,6 +7,8 @@ communicator and negotiation state, so traffic on one set does not wait for
 another. ``root_rank`` arguments are always global ranks.
 """
 
+import weakref
+
 from hvdcompat.basics import _core, _require_init
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
@@ -167,12 +169,31 @@ def _parse_init_argument(process_sets, comm=None):
 def _after_init(static):
     global_process_set.ranks = list(range(_core.size()))
     global_process_set.process_set_id = 0
+    _registered.clear()
     for ps, index in static.assignments:
         ps.process_set_id = None if index is None else index + 1
+        if ps.process_set_id is not None:
+            _registered.add(ps)
 
 
 def _after_shutdown():
     pass
+
+
+# ProcessSet objects given an id in this runtime, so an elastic reset can
+# renumber their ranks (weak: the user owns them).
+_registered = weakref.WeakSet()
+
+
+def _after_reset():
+    """After an elastic reset: each set keeps its id with its surviving members' new ranks."""
+    global_process_set.ranks = list(range(_core.size()))
+    for ps in list(_registered):
+        info = _core.process_set_info(ps.process_set_id) if ps.process_set_id else None
+        if info is None:
+            ps._invalidate()
+        else:
+            ps.ranks = list(info[0])
 
 
 def add_process_set(process_set):
@@ -205,6 +226,7 @@ def add_process_set(process_set):
         if _core.process_set_info(pid)[0] == process_set.ranks:
             raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
     process_set.process_set_id = _core.add_process_set(process_set.ranks)
+    _registered.add(process_set)
     return process_set
 
 

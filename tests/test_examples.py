@@ -55,6 +55,11 @@ SHORT_SETTINGS = {
          [_multi_model_resumed]),
     ],
     "train_small.py": [(["--steps", "5"], ["done: final loss"])],
+    "pytorch_elastic.py": [
+        (["--samples", "480", "--batch-size", "8", "--epochs", "2"],
+         ["epoch 0: 2 ranks", "epoch 1: 2 ranks", "every sample seen exactly once: True",
+          "done, model checksum"]),
+    ],
     "pytorch_ddp_benchmark.py": [
         (["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"],
          ["2 ranks (MPI launcher)", "hvdcompat backend            engine",

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 
+from hvdcompat.runner import elastic as _elastic
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
 from hvdcompat.runner import ports as _ports
@@ -88,6 +89,7 @@ def build_parser():
                         help="do not check that the command and script exist here (for a "
                              "script that exists only on the remote hosts)")
     _tuning.add_tuning_arguments(parser)
+    _elastic.add_elastic_arguments(parser)
     return parser
 
 
@@ -110,6 +112,9 @@ def split_command(parser, argv):
         if action is None or action.nargs == 0 or eq or i + 1 == len(argv):
             options.append(token)  # argparse reports unknown options and missing values
             i += 1
+        elif isinstance(action.nargs, int) and action.nargs > 1:  # e.g. MIN MAX
+            options += argv[i:i + 1 + action.nargs]
+            i += 1 + action.nargs
         else:
             options.append(f"{name}={argv[i + 1]}")
             i += 2
@@ -225,6 +230,18 @@ def plan_launch(args, command, environ=None, cwd=None):
                           "hvdcompatrun -np 2 python train.py")
     hosts = _hosts_from(args)
     np = args.num_proc
+    elastic = _elastic.elastic_requested(args)
+    if elastic:
+        try:
+            _elastic.check_elastic_args(args, np)
+            if args.host_discovery_script:
+                hosts = _elastic.wait_for_hosts(args)
+                args.discovered_hosts = hosts  # the elastic driver's first view
+                if np is None:
+                    np = min(_hosts.total_slots(hosts), args.max_np or sys.maxsize)
+        except (ValueError, _hosts.HostListError) as e:
+            raise LaunchError(f"hvdcompatrun: {e}" if not str(e).startswith("hvdcompatrun")
+                              else str(e)) from None
     if np is None:
         if not hosts:
             raise LaunchError("hvdcompatrun: -np N is required (or -H/--hostfile, to use all "
@@ -232,6 +249,7 @@ def plan_launch(args, command, environ=None, cwd=None):
         np = _hosts.total_slots(hosts)
     if np < 1:
         raise LaunchError(f"hvdcompatrun: -np must be at least 1, got {np}")
+    args.planned_np = np
     if not args.skip_command_check:
         check_command(command, environ, cwd)
     command = _resolve_executable(command, environ)
@@ -250,7 +268,7 @@ def plan_launch(args, command, environ=None, cwd=None):
         raise LaunchError(f"hvdcompatrun: --mpi-args {args.mpi_args!r}: {e}") from None
     spec = _mpirun.LaunchSpec(
         np=np, command=list(command), hosts=hosts, env=env, mpi_args=mpi_args,
-        fault_tolerant=args.fault_tolerant, as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        fault_tolerant=args.fault_tolerant or elastic, as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
         local_cores=_mpirun.physical_cores(), flavor=_mpirun.mpi_flavor(mpirun))
     try:
         return _mpirun.build_command(mpirun, spec), env
@@ -307,14 +325,17 @@ def main(argv=None):
 
         sys.stdout.write(check_build_report())
         return 0
-    try:
-        cmd, env = plan_launch(args, command)
-    except LaunchError as e:
-        print(e, file=sys.stderr)
-        return EXIT_USAGE
-    if args.verbose:
-        print("hvdcompatrun: " + shlex.join(cmd), flush=True)
-    return run(cmd, env)
+    if not _elastic.elastic_requested(args):
+        try:
+            cmd, env = plan_launch(args, command)
+        except LaunchError as e:
+            print(e, file=sys.stderr)
+            return EXIT_USAGE
+        if args.verbose:
+            print("hvdcompatrun: " + shlex.join(cmd), flush=True)
+        return run(cmd, env)
+    return _elastic.ElasticDriver.launch(args, lambda extra: plan_launch(
+        args, command, environ={**os.environ, **extra}), run)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+"""Elastic MNIST-shaped training on generated data: survives losing ranks, in place.
+
+    hvdcompatrun -np 3 --min-np 2 python examples/pytorch_elastic.py \
+        --inject-failure 1:0:2:sigkill
+
+The training function runs inside ``hvd.elastic.run`` with a ``TorchState``
+(model, optimizer, ElasticSampler, epoch and batch counters) committed every
+``--commit-every`` batches. When a rank dies (``--inject-failure``
+RANK:EPOCH:BATCH:MODE kills it, by ``exception`` or ``sigkill``), the others
+get HorovodInternalError, return to the last commit, rebuild the job from the
+survivors in place (Open MPI's ULFM; no restart) and continue; the sampler
+deals what is left of the epoch over the new world. Each epoch the ranks also
+count, in a committed tally, how often every sample was trained on, and print
+whether every sample of the epoch was seen exactly once. At the end every rank
+prints a checksum of its model (identical on every rank) and the time from the
+death to the first batch trained after it.
+"""
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+import hvdcompat as hvd  # was: import horovod.torch as hvd
+
+
+class GeneratedDigits(Dataset):
+    """Ten smooth random 28x28 class patterns plus per-image noise; items are (index, image, label)."""
+
+    def __init__(self, size, seed=0, noise=0.8):
+        g = torch.Generator().manual_seed(1000)
+        coarse = torch.rand(10, 1, 7, 7, generator=g)
+        patterns = F.interpolate(coarse, size=(28, 28), mode="bilinear", align_corners=False)
+        g.manual_seed(seed)
+        self.targets = torch.randint(0, 10, (size,), generator=g)
+        images = patterns[self.targets] + noise * torch.randn(size, 1, 28, 28, generator=g)
+        self.images = (images - images.mean()) / images.std()
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, i):
+        return i, self.images[i], self.targets[i]
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Tally(nn.Module):
+    """How many times each sample was trained on this epoch, summed over the ranks."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(n))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=1200)
+    p.add_argument("--batch-size", type=int, default=20, help="per rank")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--commit-every", type=int, default=1, help="batches between commits")
+    p.add_argument("--inject-failure", default="", metavar="RANK:EPOCH:BATCH:MODE",
+                   help="rank RANK (or 'all') fails before batch BATCH of epoch EPOCH; MODE is "
+                        "exception or sigkill")
+    p.add_argument("--simulate-hosts", default="", metavar="NAMES",
+                   help="comma-separated host name of each rank (e.g. a,a,b), to try host "
+                        "removal on one machine")
+    p.add_argument("--remove-host", default="", metavar="EPOCH:BATCH:HOST",
+                   help="rank 0 announces HOST as removed before batch BATCH of epoch EPOCH, as "
+                        "hvdcompatrun's --host-discovery-script loop does when a host disappears")
+    p.add_argument("--report-dir", default="",
+                   help="also write one JSON report per rank here (for tests)")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    if args.simulate_hosts:
+        names = args.simulate_hosts.split(",")
+        os.environ["HVDCOMPAT_ELASTIC_HOST"] = names[int(os.environ["OMPI_COMM_WORLD_RANK"])]
+    hvd.init()
+    first_rank = hvd.rank()  # ranks change when others are lost; this is who we were
+    torch.manual_seed(0)
+    data = GeneratedDigits(args.samples)
+    model, tally = Net(), Tally(len(data))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr,
+                                                         momentum=0.5),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, tally=tally, epoch=0,
+                                   batch=0)
+    # Where the failing rank notes the time of its death (one machine or a shared clock).
+    shared = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvd-elastic-")
+                                  if hvd.rank() == 0 else None, name="elastic.example.dir")
+    failure = args.inject_failure.split(":") if args.inject_failure else None
+    timing = {"detected": None, "resumed": None}
+    epochs = []
+
+    def maybe_fail():
+        if not failure or (state.epoch, state.batch) != (int(failure[1]), int(failure[2])):
+            return
+        if failure[0] != "all" and int(failure[0]) != first_rank:
+            return
+        with open(os.path.join(shared, f"death.{first_rank}"), "w") as f:
+            f.write(repr(time.time()))
+        if failure[3] == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected failure on rank {first_rank} at epoch {state.epoch} "
+                           f"batch {state.batch}")
+
+    removal = args.remove_host.split(":") if args.remove_host else None
+
+    def maybe_announce_removal():
+        if not removal or hvd.rank() != 0 or (state.epoch, state.batch) != (int(removal[0]),
+                                                                           int(removal[1])):
+            return
+        with open(os.path.join(os.environ["HVDCOMPAT_ELASTIC_DIR"], "notices"), "a") as f:
+            f.write(f"{time.time():.6f} {int(hvd.elastic.HostUpdateResult.removed)} "
+                    f"{removal[2]}\n")
+
+    def on_reset():
+        print(f"rank {first_rank}: reset done, now rank {hvd.rank()} of {hvd.size()} "
+              f"(reset took {hvd.elastic.last_reset_seconds():.2f} s)", flush=True)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        try:
+            while state.epoch < args.epochs:
+                loss = torch.tensor(float("nan"))
+                for idx, x, y in loader:
+                    maybe_fail()
+                    maybe_announce_removal()
+                    optimizer.zero_grad()
+                    loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    counts = torch.zeros(len(data))
+                    counts[idx] += 1
+                    tally.seen += hvd.allreduce(counts, name="tally", op=hvd.Sum)
+                    if timing["detected"] is not None and timing["resumed"] is None:
+                        timing["resumed"] = time.time()
+                    state.sampler.record_batch(state.batch, args.batch_size)
+                    state.batch += 1
+                    if state.batch % args.commit_every == 0:
+                        state.commit()
+                once = bool((tally.seen == 1).all())
+                epochs.append({"epoch": state.epoch, "size": hvd.size(), "rank": hvd.rank(),
+                               "exactly_once": once, "loss": loss.item()})
+                if hvd.rank() == 0:
+                    print(f"epoch {state.epoch}: {hvd.size()} ranks, loss {loss.item():.4f}, "
+                          f"every sample seen exactly once: {once}", flush=True)
+                tally.seen.zero_()
+                state.epoch += 1
+                state.batch = 0
+                state.sampler.set_epoch(state.epoch)
+                state.commit()
+        except hvd.HorovodInternalError:
+            timing["detected"] = time.time()
+            raise
+
+    train(state)
+    flat = torch.cat([p.detach().flatten() for p in model.state_dict().values()]).double()
+    checksum = float((flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum())
+    deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)]
+    recovery = (timing["resumed"] - min(deaths)) if deaths and timing["resumed"] else None
+    print(f"rank {first_rank} -> {hvd.rank()} of {hvd.size()}: done, model checksum "
+          f"{checksum:.10e}" + (f", recovery from the death to training resumed {recovery:.2f} s"
+                                if recovery is not None else ""), flush=True)
+    if args.report_dir:
+        with open(os.path.join(args.report_dir, f"rank{first_rank}.json"), "w") as f:
+            json.dump({"first_rank": first_rank, "rank": hvd.rank(), "size": hvd.size(),
+                       "checksum": checksum, "epochs": epochs, "recovery": recovery}, f)
+    hvd.barrier()
+    if hvd.rank() == 0:
+        for f in os.listdir(shared):
+            os.remove(os.path.join(shared, f))
+        os.rmdir(shared)
+
+
+if __name__ == "__main__":
+    main()

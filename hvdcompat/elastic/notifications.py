@@ -1,0 +1,65 @@
+"""How the ranks hear of host changes: notices written by hvdcompatrun's elastic driver.
+
+The driver appends one line per change to ``notices`` in the directory named
+by the ``HVDCOMPAT_ELASTIC_DIR`` knob::
+
+    <timestamp> <HostUpdateResult value> <removed hosts, comma-separated, or ->
+
+Rank 0 reads the lines it has not read yet at every
+:meth:`State.check_host_updates` (so at every commit) and broadcasts the
+verdict, so every rank raises HostsUpdatedInterrupt together. At the reset
+that follows, a rank whose host was removed leaves the job
+(:func:`host_removed`).
+"""
+
+import os
+import socket
+
+from hvdcompat.basics import _core, rank
+
+__all__ = ["poll", "host_removed", "this_host", "notices_path"]
+
+_offset = [0]  # bytes of the notices file already read by this process
+
+
+def notices_path():
+    """The notices file, or None outside an elastic launch."""
+    directory = _core.knob("ELASTIC_DIR")
+    return os.path.join(directory, "notices") if directory else None
+
+
+def this_host():
+    """This rank's host name as discovery lists it (``HVDCOMPAT_ELASTIC_HOST`` or the machine's)."""
+    return _core.knob("ELASTIC_HOST") or socket.gethostname()
+
+
+def _lines(start=0):
+    """(new offset, lines) of the notices file from byte `start`; whole lines only."""
+    path = notices_path()
+    if not path:
+        return start, []
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read()
+    except FileNotFoundError:
+        return start, []
+    end = data.rfind(b"\n") + 1  # a line still being written is read next time
+    return start + end, [line.split() for line in data[:end].decode().splitlines()]
+
+
+def poll(state):
+    """Queues the notices written since the last poll on ``state`` (rank 0 only)."""
+    if rank() != 0:
+        return
+    _offset[0], lines = _lines(_offset[0])
+    for fields in lines:
+        if len(fields) >= 2:
+            state.on_hosts_updated(float(fields[0]), int(fields[1]))
+
+
+def host_removed():
+    """Whether any notice so far removed this rank's host."""
+    _, lines = _lines()
+    me = this_host()
+    return any(len(f) >= 3 and me in f[2].split(",") for f in lines)
