@@ -75,6 +75,9 @@ struct Config {
   int64_t hierarchical_local_size; // ranks per node for that split; 0: shared memory
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
+  // Not a knob: each rank's host name (index: rank in the job), filled once the
+  // MPI world is known, so failures can say where a lost rank ran.
+  std::vector<std::string> rank_hosts;
 
   static Config FromEnvironment();
 };

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from harness import REPO, LaunchResult, mpi_env, mpirun
@@ -35,9 +36,13 @@ def _run(cluster, cmd, timeout, env, piddir):
     proc = subprocess.Popen(cluster.on_host(0, cmd), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
                             text=True, errors="replace")
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
     timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         for sig, pause in ((signal.SIGUSR1, 3), (signal.SIGKILL, 0)):
@@ -51,8 +56,13 @@ def _run(cluster, cmd, timeout, env, piddir):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        output, _ = proc.communicate()
-    return LaunchResult(proc.returncode, output, time.monotonic() - start, timed_out,
+        proc.wait()
+    # Daemons left on a host that was cut off keep the output pipe open.
+    reader.join(timeout=5)
+    if reader.is_alive():
+        cluster.kill_processes()
+        reader.join(timeout=10)
+    return LaunchResult(proc.returncode, "".join(chunks), time.monotonic() - start, timed_out,
                         " ".join(cmd))
 
 

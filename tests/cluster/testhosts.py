@@ -391,6 +391,15 @@ class HostCluster:
         """The machine-side end of `host`'s link (limit or cut it here)."""
         return self._veths[self.host_index(host)]
 
+    def kill_processes(self):
+        """SIGKILLs every process running in the hosts' namespaces (a cut-off host's daemons)."""
+        for ns in self._namespaces:
+            for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ValueError, ProcessLookupError):
+                    pass
+
     def limit(self, rate):
         """Rate-limits every host link to `rate` (tbf) in both directions; None removes it."""
         for i, veth in enumerate(self._veths):
