@@ -174,7 +174,8 @@ def main(argv=None):
                               args.timeout)
                 print("\n# examples/allreduce_benchmark.py")
                 print("\n".join(l for l in out.splitlines()
-                                if l.startswith(("#", " ", "-")) or "|" in l or ":" in l[:40]))
+                                if not l.startswith("[")  # rank warnings (c10d)
+                                and (l.startswith(("#", " ", "-")) or "|" in l)))
                 plain = _synthetic(cluster, args, fp16=False)
                 half = _synthetic(cluster, args, fp16=True)
                 print("\n# examples/pytorch_synthetic_benchmark.py --model mlp, 4 ranks: total "
