@@ -20,7 +20,11 @@ Note [Environment left out]:
 - the MPI launcher's own variables (``OMPI_*`` but ``OMPI_MCA_*``, ``PMIX_*``,
   ``PRTE_*``, ``PMI_*``, ``HYDRA_*``): the launcher sets them per rank, and a
   forwarded copy would overwrite the rank's own. ``OMPI_MCA_*`` settings are
-  forwarded: they tune the ranks' MPI as they tune mpirun's.
+  forwarded: they tune the ranks' MPI as they tune mpirun's;
+- a batch system's per-task and per-node variables (``SLURM_PROCID``,
+  ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURMD_NODENAME``, ...): launched
+  from a batch script they describe the script's own task, and libraries that
+  read them (Lightning, submitit) would give every rank its rank.
 
 Everything else travels, among it ``PATH``, ``PYTHONPATH``,
 ``LD_LIBRARY_PATH``, ``VIRTUAL_ENV``, ``OMP_NUM_THREADS``,
@@ -44,6 +48,8 @@ LEFT_OUT_NAMES = frozenset({
 LEFT_OUT_PATTERNS = (
     r"BASH_FUNC_.*", r"SSH_.*", r"XDG_.*", r"TMUX.*",
     r"OMPI_(?!MCA_).*", r"PMIX_.*", r"PRTE_.*", r"PMI_.*", r"HYDRA_.*",
+    r"SLURM_(PROCID|LOCALID|NODEID|TASK_PID|GTIDS|CPUS_ON_NODE|TOPOLOGY_ADDR.*|STEP_.*)",
+    r"SLURMD_NODENAME",
 )
 _LEFT_OUT = re.compile("|".join(f"(?:{p})" for p in LEFT_OUT_PATTERNS))
 # Names mpirun can pass with -x (a shell-style identifier).

@@ -160,7 +160,9 @@ def test_forwarded_names_are_the_environment_less_host_and_session_variables():
                 "_": "", "SSH_AUTH_SOCK": "", "SSH_CONNECTION": "", "DISPLAY": ":0",
                 "TERM": "xterm", "XDG_RUNTIME_DIR": "", "TMUX": "", "BASH_FUNC_f%%": "() {}",
                 "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0", "PRTE_MCA_x": "",
-                "PMI_RANK": "0", "HYDRA_X": "", "NOT-A-NAME": ""}
+                "PMI_RANK": "0", "HYDRA_X": "", "NOT-A-NAME": "", "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "0"}
+    env["SLURM_JOB_ID"] = "42"  # the job's, the same on every node
     assert forwarded_names({**env, **left_out}) == sorted(env)
 
 
