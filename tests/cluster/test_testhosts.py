@@ -115,3 +115,14 @@ def test_ctrl_c_of_a_command_run_on_the_hosts_cleans_up():
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) != 0
     assert _netns() == before_ns and open(HOSTS_FILE).read() == before_hosts
+
+
+def test_without_root_the_tests_skip_saying_why(monkeypatch):
+    import testhosts
+
+    monkeypatch.setattr(testhosts.os, "geteuid", lambda: 1000)
+    assert testhosts.unavailable_reason() == ("test hosts need root (network namespaces, a "
+                                              "bridge, /etc/hosts); run as root")
+    monkeypatch.setattr(testhosts.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(testhosts.shutil, "which", lambda tool: None)
+    assert "need the 'ip' command" in testhosts.unavailable_reason()
