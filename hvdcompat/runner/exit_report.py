@@ -20,6 +20,9 @@ _MARKER = MARKER.encode()
 # prterun: "PRTE has lost communication with a remote daemon. ... Remote daemon:
 # [prterun-...@0,1] on node node2"; a daemon that died: "... on node node2 ...".
 _LOST_HOST = re.compile(rb"Remote daemon\s*:\s*\S+ on node (\S+)")
+# A rank whose MPI aborted it on an error (a survivor whose peer's connection
+# closed, typically): "*** reported by process [1720975361,0]".
+_MPI_ABORTED = re.compile(rb"\*\*\* reported by process \[\d+,(\d+)\]")
 # The engine's error on a survivor (fault-tolerant MPI): "rank(s) 2, 3 on host
 # n2 (which also runs rank(s) 4) failed".
 _LOST_RANKS = re.compile(rb"rank\(s\) ([\d, ]+) on hosts? ([^ (]+(?:, [^ (]+)*?)"
@@ -38,6 +41,7 @@ class OutputRelay:
         self.reports = []
         self.lost_hosts = []
         self.lost_ranks = set()
+        self.mpi_aborted = set()  # ranks MPI itself aborted on an error
         self.line_open = {}  # fd -> whether its output ends inside a line
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._pump, args=p, daemon=True) for p in pairs]
@@ -96,7 +100,9 @@ class OutputRelay:
             ranks = [int(x) for x in re.findall(rb"\d+", m.group(1) + b" " + (m.group(3) or b""))]
             for host in m.group(2).decode("utf-8", "replace").split(", "):
                 found.append((host, ranks))
+        aborted = {int(m.group(1)) for m in _MPI_ABORTED.finditer(tail)}
         with self._lock:
+            self.mpi_aborted.update(aborted)
             for host, ranks in found:
                 if host not in self.lost_hosts:
                     self.lost_hosts.append(host)
@@ -149,16 +155,24 @@ def _how(report):
     return f"exited with status {report.get('status')}"
 
 
-def first_failure_code(reports):
-    """Exit code of the earliest failed rank (128 + signal when killed), or 0."""
+def _first(reports, mpi_aborted=()):
+    """The failure that came first: the earliest, except that ranks MPI aborted on an error
+    (the consequence of a peer's failure) count only when no other rank failed."""
     failed = [r for r in reports if r.get("status") != 0]
     if not failed:
+        return None
+    return min(failed, key=lambda r: (r.get("rank") in mpi_aborted, r.get("time", 0)))
+
+
+def first_failure_code(reports, mpi_aborted=()):
+    """Exit code of the first failed rank (128 + signal when killed), or 0."""
+    first = _first(reports, mpi_aborted)
+    if first is None:
         return 0
-    first = min(failed, key=lambda r: r.get("time", 0))
     return first["status"] if first.get("status") else 128 + (first.get("signal") or 0)
 
 
-def summary(code, reports, lost_hosts, placement=None):
+def summary(code, reports, lost_hosts, placement=None, mpi_aborted=()):
     """The line naming the first failure, or None when the job succeeded or nothing is known.
 
     Args:
@@ -168,12 +182,13 @@ def summary(code, reports, lost_hosts, placement=None):
         lost_hosts: hosts Open MPI lost contact with, in the order seen.
         placement: {host: [ranks]} when the launch fixed it, for naming a lost
             host's ranks.
+        mpi_aborted: ranks whose MPI aborted them on an error.
     """
     if code == 0:
         return None
     reports = [r for r in reports if r.get("status") != 0]
     if reports:
-        first = min(reports, key=lambda r: r.get("time", 0))
+        first = _first(reports, mpi_aborted)
         others = len({r.get("rank") for r in reports}) - 1
         tail = (f"; {others} other rank(s) failed after it" if others > 0 else "")
         return (f"hvdcompatrun: rank {first.get('rank')} on host {first.get('host')} "

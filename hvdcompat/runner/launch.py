@@ -387,8 +387,10 @@ def run(cmd, env, placement=None, np_ranks=0):
     if code == 0:
         # Open MPI may end 0 after losing a host, or under --fault-tolerant
         # once the survivors exit cleanly; a lost rank still fails the job.
-        code = _exit_report.first_failure_code(relay.reports) or (1 if relay.lost_hosts else 0)
-    line = _exit_report.summary(code, relay.reports, relay.lost_hosts, placement)
+        code = (_exit_report.first_failure_code(relay.reports, relay.mpi_aborted)
+                or (1 if relay.lost_hosts else 0))
+    line = _exit_report.summary(code, relay.reports, relay.lost_hosts, placement,
+                                relay.mpi_aborted)
     if line:
         sys.stdout.flush()
         # Open MPI's last message may end without a newline.

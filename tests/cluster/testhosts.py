@@ -234,6 +234,11 @@ class HostCluster:
         self.names = list(names) if names else [f"{self.prefix}-n{i + 1}" for i in range(n)]
         if len(self.names) != n:
             raise ValueError(f"HostCluster: {n} hosts but {len(self.names)} names")
+        with open(HOSTS_FILE, encoding="utf-8") as f:
+            taken = {w for line in f for w in line.split("#", 1)[0].split()[1:]}
+        if taken & set(self.names):
+            raise ValueError(f"HostCluster: {sorted(taken & set(self.names))} already in "
+                             f"{HOSTS_FILE}; choose other names")
         self.tmpdir = tempfile.mkdtemp(prefix=f"{self.prefix}-")
         self.agent = os.path.join(self.tmpdir, "ssh")
         self.agent_log = os.path.join(self.tmpdir, "ssh.log")

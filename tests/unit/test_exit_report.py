@@ -108,3 +108,15 @@ def test_engine_error_names_lost_ranks_and_survivors_done_waits_for_the_others()
     assert exit_report.first_failure_code(relay.reports) == 0
     relay.reports.append({"rank": 1, "status": None, "signal": 9, "time": 0})
     assert exit_report.first_failure_code(relay.reports) == 137
+
+
+def test_a_rank_mpi_aborted_after_a_peer_failed_is_not_named_first():
+    relay, _ = _relay([b"[n1:00000] *** An error occurred in Socket closed\n",
+                       b"[n1:00000] *** reported by process [412155905,1]\n"])
+    assert relay.mpi_aborted == {1}
+    reports = [{"rank": 1, "host": "n1", "time": 4.9, "status": 14, "signal": None},
+               {"rank": 2, "host": "n2", "time": 5.0, "status": None, "signal": 9}]
+    line = exit_report.summary(14, reports, [], mpi_aborted=relay.mpi_aborted)
+    assert line.startswith("hvdcompatrun: rank 2 on host n2 was killed by signal 9"), line
+    # Alone, an aborted rank is still named.
+    assert "rank 1 on host n1" in exit_report.summary(14, reports[:1], [], mpi_aborted={1})
