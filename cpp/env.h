@@ -96,6 +96,9 @@ struct Config {
   int64_t autotune_steps_per_sample;   // steps per sample
   int64_t autotune_bayes_opt_max_samples;  // configurations the search scores
   double autotune_gaussian_process_noise;  // surrogate model's noise, in score sds
+  // Not a knob: each rank's host name (index: rank in the job), filled once the
+  // MPI world is known, so failures can say where a lost rank ran.
+  std::vector<std::string> rank_hosts;
 
   static Config FromEnvironment();
 };

@@ -1,6 +1,7 @@
 #include "mpi_context.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "logging.h"
 
@@ -83,7 +84,23 @@ MpiContext::MpiContext(MPI_Comm base, const std::vector<int>& ranks) {
   int sizes[2] = {local_size_, -local_size_};
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
   homogeneous_ = sizes[0] == -sizes[1];
+  GatherHosts();
   MpiOps::Get();  // created while MPI is initialised
+}
+
+void MpiContext::GatherHosts() {
+  // Fixed-size records: one Allgather, no count exchange.
+  char mine[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  HVD_MPI_CHECK(comm_, MPI_Get_processor_name(mine, &len));
+  std::vector<char> all(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+  HVD_MPI_CHECK(comm_, MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                                     MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_));
+  hosts_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    const char* p = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_[r].assign(p, strnlen(p, MPI_MAX_PROCESSOR_NAME));
+  }
 }
 
 MpiContext::~MpiContext() {

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "mpi_util.h"
@@ -40,9 +41,13 @@ class MpiContext {
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
   bool homogeneous() const { return homogeneous_; }
+  // Host name of every rank of comm() (MPI_Get_processor_name), by rank.
+  const std::vector<std::string>& hosts() const { return hosts_; }
   bool threads_supported() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
  private:
+  void GatherHosts();
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
@@ -50,6 +55,7 @@ class MpiContext {
   int local_rank_ = 0, local_size_ = 1;
   int cross_rank_ = 0, cross_size_ = 1;
   bool homogeneous_ = true;
+  std::vector<std::string> hosts_;
   int thread_level_ = MPI_THREAD_SINGLE;
 };
 

@@ -6,7 +6,9 @@
 #include <mpi-ext.h>
 #endif
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 
 namespace hvdcompat {
@@ -24,6 +26,16 @@ std::vector<int> FailedRanks(MPI_Comm comm, int error_code) {
   if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return ranks;
   int n = 0;
   MPI_Group_size(failed, &n);
+  // A peer's revoke can arrive before the news of the failure that caused it;
+  // wait for that news (briefly) so the error can name who failed.
+  for (int tries = 0; n == 0 && cls == MPIX_ERR_REVOKED && tries < 250; ++tries) {
+    MPI_Group_free(&failed);
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);  // progress
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return ranks;
+    MPI_Group_size(failed, &n);
+  }
   if (n > 0 && MPI_Comm_group(comm, &all) == MPI_SUCCESS) {
     std::vector<int> in(n), out(n);
     for (int i = 0; i < n; ++i) in[i] = i;

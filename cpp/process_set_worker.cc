@@ -46,6 +46,34 @@ std::string Upper(const char* s) {
   return out;
 }
 
+// " on host h2 (which also runs rank(s) 3)" for lost global ranks: a host that
+// drops out usually takes all of its ranks with it, and MPI may name only the
+// first one it noticed. The other ranks are not listed for this rank's own host
+// (`self`: this rank), which is evidently still up.
+std::string DescribeHosts(const std::vector<int>& lost, const std::vector<std::string>& hosts,
+                          int self) {
+  std::vector<std::string> names;
+  for (int r : lost) {
+    if (r < 0 || r >= static_cast<int>(hosts.size())) return std::string();
+    if (std::find(names.begin(), names.end(), hosts[r]) == names.end()) names.push_back(hosts[r]);
+  }
+  if (names.empty()) return std::string();
+  bool mine = self >= 0 && self < static_cast<int>(hosts.size()) &&
+              std::find(names.begin(), names.end(), hosts[self]) != names.end();
+  std::vector<int> others;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    if (std::find(names.begin(), names.end(), hosts[r]) != names.end() &&
+        std::find(lost.begin(), lost.end(), r) == lost.end()) {
+      others.push_back(r);
+    }
+  }
+  std::ostringstream os;
+  os << (names.size() == 1 ? " on host " : " on hosts ");
+  for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
+  if (!others.empty() && !mine) os << " (which also runs rank(s) " << JoinInts(others) << ")";
+  return os.str();
+}
+
 }  // namespace
 
 ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks,
@@ -215,7 +243,8 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
     for (int r : ce->failed_ranks()) {
       lost.push_back(r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r);
     }
-    os << "rank(s) " << JoinInts(lost) << " failed (the process exited, was killed, or lost its "
+    os << "rank(s) " << JoinInts(lost) << DescribeHosts(lost, config_.rank_hosts, global_ranks_[rank_])
+       << " failed (the process exited, was killed, or lost its "
        << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
        << "; collectives cannot complete without it. Look for that rank's own error first; "
           "restart the job, or run training in hvd.elastic.run under hvdcompatrun "

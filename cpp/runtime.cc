@@ -35,6 +35,7 @@ Runtime::Runtime(const InitOptions& options)
       dynamic_(options.dynamic_process_sets || KnobBool(Knob::kDynamicProcessSets)) {
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());
+  config_.rank_hosts = mpi_->hosts();
   if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }

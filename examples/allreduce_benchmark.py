@@ -91,9 +91,12 @@ def start_gloo():
     comm = MPI.COMM_WORLD
     addr, port = None, None
     if comm.rank == 0:
+        # Across hosts, rank 0's own address (its name must resolve to it).
+        one_host = hvd.local_size() == hvd.size()
+        addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        addr, port = "127.0.0.1", s.getsockname()[1]
+        s.bind(("127.0.0.1" if one_host else "", 0))
+        port = s.getsockname()[1]
         s.close()
     addr, port = comm.bcast((addr, port), root=0)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank,

@@ -19,8 +19,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from hvdcompat.runner import elastic as _elastic
+from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
 from hvdcompat.runner import ports as _ports
@@ -40,9 +42,9 @@ examples:
   hvdcompatrun --check-build
 
 Every option must come before the command; everything from the command on is
-passed to it unchanged. Environment variables HOROVOD_*, HVDCOMPAT_*, NCCL_*,
-PATH, PYTHONPATH, LD_LIBRARY_PATH, PYTHONUNBUFFERED and MASTER_ADDR/PORT reach
-every rank, also on other nodes.
+passed to it unchanged. The environment reaches every rank, also on other
+hosts, except what describes this host or login session (HOSTNAME, PWD, HOME,
+USER, SSH_*, DISPLAY, TERM, XDG_*, ...) and the MPI launcher's own variables.
 """
 
 
@@ -85,6 +87,13 @@ def build_parser():
                              + "' so a failed rank is reported to the survivors instead of "
                                "killing the job; traffic then uses TCP only (slower within "
                                "a node)")
+    parser.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
+                        help="port of the remote hosts' ssh daemons")
+    parser.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                        help="private key ssh logs in to the remote hosts with")
+    parser.add_argument("--network-interfaces", metavar="NICS",
+                        help="comma-separated interfaces (e.g. eth0,ib0) or subnets "
+                             "(198.18.0.0/24) that MPI's and NCCL's traffic may use")
     parser.add_argument("--skip-command-check", action="store_true",
                         help="do not check that the command and script exist here (for a "
                              "script that exists only on the remote hosts)")
@@ -122,6 +131,11 @@ def split_command(parser, argv):
 
 
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_supervisor.py")
+# mpirun arguments that change where ranks go; the host list alone then does
+# not say which ranks a lost host ran.
+_MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
+                 "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
 
 
 def _python_script(args):
@@ -217,6 +231,20 @@ def _build_compiler():
         return None
 
 
+def _ssh_and_interfaces(args):
+    """LaunchSpec fields of -p/--ssh-port, -i/--ssh-identity-file, --network-interfaces."""
+    port = getattr(args, "ssh_port", None)
+    if port is not None and not 0 < port < 65536:
+        raise LaunchError(f"hvdcompatrun: --ssh-port must be in 1..65535, got {port}")
+    identity = getattr(args, "ssh_identity_file", None)
+    if identity and not os.path.isfile(identity):
+        raise LaunchError(f"hvdcompatrun: --ssh-identity-file {identity!r} does not exist")
+    nics = [n.strip() for n in (getattr(args, "network_interfaces", None) or "").split(",")
+            if n.strip()]
+    return {"ssh_port": port, "ssh_identity_file": identity and os.path.abspath(identity),
+            "network_interfaces": nics}
+
+
 def plan_launch(args, command, environ=None, cwd=None):
     """The mpirun argv and environment for parsed ``args`` and ``command``.
 
@@ -269,7 +297,14 @@ def plan_launch(args, command, environ=None, cwd=None):
     spec = _mpirun.LaunchSpec(
         np=np, command=list(command), hosts=hosts, env=env, mpi_args=mpi_args,
         fault_tolerant=args.fault_tolerant or elastic, as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-        local_cores=_mpirun.physical_cores(), flavor=_mpirun.mpi_flavor(mpirun))
+        local_cores=_mpirun.physical_cores(), flavor=_mpirun.mpi_flavor(mpirun),
+        **_ssh_and_interfaces(args))
+    if spec.flavor == "openmpi":
+        # Every rank runs under the supervisor that reports how it ended
+        # (Note [First failed rank] in rank_supervisor.py).
+        spec.command = [command[0], _SUPERVISOR] + spec.command \
+            if _PYTHON.match(os.path.basename(command[0])) else \
+            [sys.executable, _SUPERVISOR] + spec.command
     try:
         return _mpirun.build_command(mpirun, spec), env
     except ValueError as e:
@@ -287,13 +322,53 @@ def _terminal_sent_it():
     return False
 
 
-def run(cmd, env):
+def placement_of(args, np_ranks):
+    """{host: [ranks]} the launch fixes (by slot over -H/--hostfile), or {}."""
+    try:
+        hosts = _hosts_from(args)
+        extra = shlex.split(args.mpi_args or "")
+    except (LaunchError, ValueError):
+        return {}
+    if not hosts or any(a.split("=", 1)[0] in _MAPPING_ARGS for a in extra):
+        return {}
+    return _exit_report.expected_placement(hosts, np_ranks)
+
+
+def _num_ranks(cmd):
+    try:
+        return int(cmd[cmd.index("-np") + 1])
+    except (ValueError, IndexError):
+        return 0
+
+
+# Once every rank not on a lost host has ended, how long to wait for the lost
+# host before stopping mpirun (whose connection to it may take minutes to
+# time out).
+LOST_HOST_GRACE_SECONDS = 10
+
+
+def _stop(proc):
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            proc.send_signal(sig)
+            return proc.wait(timeout=wait)
+        except ProcessLookupError:
+            return proc.wait()
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
+def run(cmd, env, placement=None, np_ranks=0):
     """Runs ``cmd``, forwarding SIGINT/SIGTERM; returns its exit code.
 
     A rank killed by signal S (mpirun itself dying of S) gives 128 + S, as a
-    shell reports it.
+    shell reports it. When the job fails, one line names the rank that failed
+    first, its host and how it ended (or the host Open MPI lost contact with).
     """
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    relay = _exit_report.OutputRelay([(proc.stdout, sys.stdout.fileno()),
+                                      (proc.stderr, sys.stderr.fileno())])
 
     def forward(signum, _frame):
         # A terminal's Ctrl-C already went to mpirun, which shares our process
@@ -307,11 +382,39 @@ def run(cmd, env):
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        done_since = None
+        while True:
+            try:
+                code = proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not relay.survivors_done(np_ranks, placement):
+                done_since = None
+            elif done_since is None:
+                done_since = time.monotonic()
+            elif time.monotonic() - done_since > LOST_HOST_GRACE_SECONDS:
+                code = _stop(proc)
+                break
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    return 128 - code if code < 0 else code
+    # Daemons of a host that dropped off may hold the pipes open: bounded wait.
+    relay.join(timeout=5)
+    code = 128 - code if code < 0 else code
+    if code == 0:
+        # Open MPI may end 0 after losing a host, or under --fault-tolerant
+        # once the survivors exit cleanly; a lost rank still fails the job.
+        code = (_exit_report.first_failure_code(relay.reports, relay.mpi_aborted)
+                or (1 if relay.lost_hosts else 0))
+    line = _exit_report.summary(code, relay.reports, relay.lost_hosts, placement,
+                                relay.mpi_aborted)
+    if line:
+        sys.stdout.flush()
+        # Open MPI's last message may end without a newline.
+        lead = "\n" if relay.line_open.get(sys.stderr.fileno()) else ""
+        print(lead + line, file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv=None):
@@ -333,7 +436,8 @@ def main(argv=None):
             return EXIT_USAGE
         if args.verbose:
             print("hvdcompatrun: " + shlex.join(cmd), flush=True)
-        return run(cmd, env)
+        np_ranks = _num_ranks(cmd)
+        return run(cmd, env, placement_of(args, np_ranks), np_ranks)
     return _elastic.ElasticDriver.launch(args, lambda extra: plan_launch(
         args, command, environ={**os.environ, **extra}), run)
 

@@ -17,21 +17,39 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+from hvdcompat.runner import environment as _environment
 from hvdcompat.runner.hosts import total_slots
 
 __all__ = ["MpirunNotFound", "LaunchSpec", "find_mpirun", "mpi_flavor", "physical_cores",
-           "forwarded_names", "build_command", "FAULT_TOLERANT_ARGS"]
+           "forwarded_names", "build_command", "ssh_and_interface_args",
+           "FAULT_TOLERANT_ARGS"]
 
 # Open MPI 5's ULFM: a failed rank becomes an error on the survivors instead of
 # an abort of the whole job. ULFM runs over the TCP and self transports only
 # (no shared-memory or UCX fast paths), which is the price paid in bandwidth.
-FAULT_TOLERANT_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+# The heartbeat detector (its own thread in every rank) notices a peer whose
+# host stopped answering, not only one whose process ended.
+FAULT_TOLERANT_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
+                       "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true"]
 
-# Environment forwarded to every rank (matters on remote nodes; local ranks
-# inherit the launcher's environment anyway).
-_FORWARD_PREFIXES = ("HOROVOD_", "HVDCOMPAT_", "NCCL_")
-_FORWARD_NAMES = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "MASTER_ADDR",
-                  "MASTER_PORT")
+# Note [Lost hosts]: a host whose link fails sends nothing more, and its TCP
+# connections stay open; without keepalive probes the launcher's connection to
+# that host's daemon notices only after minutes of retransmits, and every rank
+# waits meanwhile. Probing an idle connection after 5 s, every 2 s, declaring
+# it lost after 5 missed probes, makes Open MPI stop the job within about
+# 15 s. Probes are answered by the peer's kernel, so a busy host is never
+# mistaken for a lost one. Under --fault-tolerant the ranks' own heartbeats
+# report the lost ranks to the survivors first, and stopping the job would
+# kill the survivors while they save their work: there the launcher waits
+# 60 s, and hvdcompatrun ends the job once the survivors are done
+# (exit_report.py).
+KEEPALIVE_ARGS = ["--prtemca", "oob_tcp_keepalive_time", "5",
+                  "--prtemca", "oob_tcp_keepalive_intvl", "2",
+                  "--prtemca", "oob_tcp_keepalive_probes", "5"]
+KEEPALIVE_ARGS_FAULT_TOLERANT = ["--prtemca", "oob_tcp_keepalive_time", "60",
+                                 "--prtemca", "oob_tcp_keepalive_intvl", "5",
+                                 "--prtemca", "oob_tcp_keepalive_probes", "5"]
+
 
 
 class MpirunNotFound(RuntimeError):
@@ -126,9 +144,12 @@ def physical_cores():
 
 
 def forwarded_names(env):
-    """Names of the variables of ``env`` that every rank receives, sorted."""
-    return sorted(k for k in env
-                  if k.startswith(_FORWARD_PREFIXES) or k in _FORWARD_NAMES)
+    """Names of the variables of ``env`` that every rank receives, sorted.
+
+    The launching environment less what describes this host or session; see
+    :mod:`hvdcompat.runner.environment`.
+    """
+    return _environment.forwarded_names(env)
 
 
 @dataclass
@@ -148,6 +169,10 @@ class LaunchSpec:
         flavor: result of :func:`mpi_flavor`.
         npernode: ranks per host when > 0 (Open MPI's ``-npernode``,
             Hydra's ``-ppn``); 0 leaves placement to the host slots.
+        ssh_port: port of the remote hosts' ssh daemons (None: ssh's default).
+        ssh_identity_file: private key ssh logs in with (None: ssh's default).
+        network_interfaces: interfaces (names or CIDR subnets) MPI's and
+            NCCL's traffic may use; empty: MPI's choice.
     """
 
     np: int
@@ -160,6 +185,9 @@ class LaunchSpec:
     local_cores: int = 1
     flavor: str = "openmpi"
     npernode: int = 0
+    ssh_port: int = None
+    ssh_identity_file: str = None
+    network_interfaces: List[str] = field(default_factory=list)
 
 
 def _hydra_command(mpirun, spec, hosts, names):
@@ -188,6 +216,31 @@ def _hydra_command(mpirun, spec, hosts, names):
 
 # MPICH (ch4): after a run of polls without progress, sleep 1 us instead of spinning.
 _HYDRA_THROTTLE = "MPIR_CVAR_CH4_PROGRESS_THROTTLE"
+
+
+def ssh_and_interface_args(spec):
+    """Open MPI arguments for the ssh knobs and the network interfaces of `spec`.
+
+    The ssh options reach the ssh PRRTE starts its daemons with
+    (``plm_ssh_args``); the interfaces restrict both the runtime's
+    out-of-band channel (``oob_tcp_if_include``) and the ranks' TCP transport
+    (``btl_tcp_if_include``), and become NCCL's ``NCCL_SOCKET_IFNAME``.
+    """
+    args = []
+    ssh = []
+    if spec.ssh_port:
+        ssh += ["-p", str(spec.ssh_port)]
+    if spec.ssh_identity_file:
+        ssh += ["-i", spec.ssh_identity_file]
+    if ssh:
+        args += ["--prtemca", "plm_ssh_args", " ".join(ssh)]
+    if spec.network_interfaces:
+        nics = ",".join(spec.network_interfaces)
+        args += ["--prtemca", "oob_tcp_if_include", nics, "--mca", "btl_tcp_if_include", nics]
+        names = [n for n in spec.network_interfaces if "/" not in n]
+        if names:
+            args += ["-x", "NCCL_SOCKET_IFNAME=" + ",".join(names)]
+    return args
 
 
 def build_command(mpirun, spec):
@@ -228,6 +281,9 @@ def build_command(mpirun, spec):
         cmd.append("--oversubscribe")
     if spec.fault_tolerant:
         cmd += FAULT_TOLERANT_ARGS
+    cmd += ssh_and_interface_args(spec)
+    if spec.hosts:
+        cmd += KEEPALIVE_ARGS_FAULT_TOLERANT if spec.fault_tolerant else KEEPALIVE_ARGS
     for name in names:
         cmd += ["-x", name]
     return cmd + list(spec.mpi_args) + list(spec.command)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hvdcompat as hvd
+from parallel_util import engine
 
 
 def _launcher(what):
@@ -45,6 +46,77 @@ def test_local_and_cross_topology_is_consistent():
     assert hvd.cross_size() == sum(1 for h in set(table[:, 5].tolist())
                                    if (table[table[:, 5] == h][:, 1] == hvd.local_rank()).any())
     assert hosts >= 1
+
+
+def _launch_layout():
+    """Ranks per host, in host order, as the launch placed them.
+
+    ``HVDCOMPAT_TEST_LAYOUT`` ("2,1": two ranks on the first host, one on the
+    second; ranks fill hosts in order) is set by the multi-host runs of
+    tests/cluster; a single-host launch has every rank on one host.
+    """
+    text = os.environ.get("HVDCOMPAT_TEST_LAYOUT")
+    return [int(x) for x in text.split(",")] if text else [hvd.size()]
+
+
+def _expected_topology(layout, rank):
+    start = 0
+    for host, count in enumerate(layout):
+        if rank < start + count:
+            break
+        start += count
+    local_rank = rank - start
+    hosts_with_it = [h for h, c in enumerate(layout) if c > local_rank]
+    return {"host": host, "local_rank": local_rank, "local_size": layout[host],
+            "cross_rank": hosts_with_it.index(host), "cross_size": len(hosts_with_it)}
+
+
+def test_topology_matches_the_launch_layout():
+    layout = _launch_layout()
+    assert sum(layout) == hvd.size(), (layout, hvd.size())
+    want = _expected_topology(layout, hvd.rank())
+    got = {"local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+           "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size()}
+    assert got == {k: want[k] for k in got}, (f"rank {hvd.rank()} of layout {layout}: "
+                                              f"{got} != {want}")
+    assert hvd.is_homogeneous() == (len(set(layout)) == 1)
+    # Ranks the layout puts on one host share a hostname; other hosts' differ.
+    names = hvd.allgather(torch.tensor([zlib.crc32(socket.gethostname().encode())],
+                                       dtype=torch.int64), name="topology.hostnames").tolist()
+    hosts = [_expected_topology(layout, r)["host"] for r in range(hvd.size())]
+    for r in range(hvd.size()):
+        for q in range(hvd.size()):
+            assert (names[r] == names[q]) == (hosts[r] == hosts[q]), (r, q, names, hosts)
+
+
+def test_local_leaders_reduce_in_their_own_process_set():
+    # One rank per host (local_rank 0), as a node-level step picks them.
+    layout = _launch_layout()
+    leaders = [r for r in range(hvd.size()) if _expected_topology(layout, r)["local_rank"] == 0]
+    with engine(dynamic_process_sets=1):
+        ps = hvd.add_process_set(leaders)
+        if hvd.local_rank() == 0:
+            out = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum,
+                                name="leaders", process_set=ps)
+            assert out.item() == sum(r + 1 for r in leaders)
+        total = hvd.allreduce(torch.tensor([float(hvd.local_size())]), op=hvd.Sum,
+                              name="local_sizes")
+        assert total.item() == sum(c * c for c in layout)
+        hvd.remove_process_set(ps)
+
+
+def test_ddp_bootstrap_takes_local_rank_and_address_from_the_topology():
+    from hvdcompat.ddp.bootstrap import bootstrap_env
+
+    env = {"OMPI_COMM_WORLD_SIZE": str(hvd.size())}
+    bootstrap_env(env)
+    assert env["LOCAL_RANK"] == str(hvd.local_rank())
+    assert env["LOCAL_WORLD_SIZE"] == str(hvd.local_size())
+    if len(_launch_layout()) == 1:
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+    else:
+        # Every host must be able to reach it: rank 0's own address, not loopback.
+        assert not env["MASTER_ADDR"].startswith("127."), env
 
 
 def test_build_queries_answer_without_raising():

@@ -114,7 +114,7 @@ def test_open_mpi_line_binding_env_and_order():
     assert cmd[i + 1] == "none"
     forwarded = [cmd[j + 1] for j, t in enumerate(cmd) if t == "-x"]
     assert forwarded == ["HOROVOD_FUSION_THRESHOLD", "HVDCOMPAT_CYCLE_TIME", "LD_LIBRARY_PATH",
-                         "NCCL_DEBUG", "PATH", "PYTHONPATH"]
+                         "NCCL_DEBUG", "PATH", "PYTHONPATH", "SECRET_TOKEN"]
     # mpi args come after ours (they can override) and before the command.
     assert cmd[-5:] == ["--mca", "foo", "bar", "python", "train.py"]
 
@@ -136,7 +136,9 @@ def test_fault_tolerant_arguments():
     cmd = build_command("mpirun", _spec(fault_tolerant=True))
     i = cmd.index("--with-ft")
     assert cmd[i:i + len(FAULT_TOLERANT_ARGS)] == FAULT_TOLERANT_ARGS
-    assert FAULT_TOLERANT_ARGS == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+    assert FAULT_TOLERANT_ARGS == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
+                                   "--mca", "mpi_ft_detector", "true",
+                                   "--mca", "mpi_ft_detector_thread", "true"]
     with pytest.raises(ValueError, match="needs Open MPI 5"):
         build_command("mpiexec", _spec(fault_tolerant=True, flavor="mpich"))
 
@@ -168,10 +170,46 @@ def test_mpich_per_node_count_and_oversubscribed_throttle():
     assert "-genv" not in cmd
 
 
-def test_forwarded_names_only_ours_and_the_paths():
-    assert forwarded_names({"HOROVOD_A": "", "HVDCOMPAT_B": "", "NCCL_C": "", "PATH": "",
-                            "USER": "", "MASTER_PORT": "1"}) == [
-        "HOROVOD_A", "HVDCOMPAT_B", "MASTER_PORT", "NCCL_C", "PATH"]
+def test_forwarded_names_are_the_environment_less_host_and_session_variables():
+    env = {"HOROVOD_A": "", "HVDCOMPAT_B": "", "NCCL_C": "", "PATH": "", "MASTER_PORT": "1",
+           "OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "0,1", "MY_SETTING": "x",
+           "OMPI_MCA_btl": "tcp,self", "VIRTUAL_ENV": "/venv"}
+    left_out = {"USER": "", "HOME": "", "HOSTNAME": "", "PWD": "", "OLDPWD": "", "SHLVL": "1",
+                "_": "", "SSH_AUTH_SOCK": "", "SSH_CONNECTION": "", "DISPLAY": ":0",
+                "TERM": "xterm", "XDG_RUNTIME_DIR": "", "TMUX": "", "BASH_FUNC_f%%": "() {}",
+                "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0", "PRTE_MCA_x": "",
+                "PMI_RANK": "0", "HYDRA_X": "", "NOT-A-NAME": "", "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "0"}
+    env["SLURM_JOB_ID"] = "42"  # the job's, the same on every node
+    assert forwarded_names({**env, **left_out}) == sorted(env)
+
+
+def test_ssh_knobs_and_network_interfaces_become_open_mpi_flags():
+    cmd = build_command("mpirun", _spec(ssh_port=2222, ssh_identity_file="/k/id",
+                                        network_interfaces=["eth1", "198.18.0.0/24"]))
+    joined = " ".join(cmd)
+    assert cmd[cmd.index("plm_ssh_args") + 1] == "-p 2222 -i /k/id"
+    assert cmd[cmd.index("oob_tcp_if_include") + 1] == "eth1,198.18.0.0/24"
+    assert cmd[cmd.index("btl_tcp_if_include") + 1] == "eth1,198.18.0.0/24"
+    assert "-x NCCL_SOCKET_IFNAME=eth1 " in joined  # NCCL takes names, not subnets
+    plain = build_command("mpirun", _spec())
+    assert not any("ssh" in t or "if_include" in t for t in plain)
+
+
+def test_ssh_knobs_from_the_command_line(tmp_path):
+    key = tmp_path / "id"
+    key.write_text("k")
+    args, command = _parse(["-np", "2", "-p", "2200", "-i", str(key), "--network-interfaces",
+                            "eth0, eth1", "python", "x.py"])
+    fields = launch._ssh_and_interfaces(args)
+    assert fields == {"ssh_port": 2200, "ssh_identity_file": str(key),
+                      "network_interfaces": ["eth0", "eth1"]}
+    args, _ = _parse(["-np", "2", "-i", str(tmp_path / "missing"), "python", "x.py"])
+    with pytest.raises(launch.LaunchError, match="does not exist"):
+        launch._ssh_and_interfaces(args)
+    args, _ = _parse(["-np", "2", "-p", "0", "python", "x.py"])
+    with pytest.raises(launch.LaunchError, match="1..65535"):
+        launch._ssh_and_interfaces(args)
 
 
 # ---------------------------------------------------------------- flags

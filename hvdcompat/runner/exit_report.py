@@ -1,0 +1,203 @@
+"""The one line hvdcompatrun prints when a job fails: which rank failed first.
+
+:class:`OutputRelay` copies mpirun's stdout and stderr to ours as they come,
+taking out the report lines the rank supervisors write (Note [First failed
+rank] in rank_supervisor.py), and watches for Open MPI's message about a
+host it lost contact with. :func:`summary` turns what was seen into the line.
+"""
+
+import json
+import os
+import re
+import signal
+import threading
+
+from hvdcompat.runner.rank_supervisor import MARKER
+
+__all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code"]
+
+_MARKER = MARKER.encode()
+# prterun: "PRTE has lost communication with a remote daemon. ... Remote daemon:
+# [prterun-...@0,1] on node node2"; a daemon that died: "... on node node2 ...".
+_LOST_HOST = re.compile(rb"Remote daemon\s*:\s*\S+ on node (\S+)")
+# A rank whose MPI aborted it on an error (a survivor whose peer's connection
+# closed, typically): "*** reported by process [1720975361,0]".
+_MPI_ABORTED = re.compile(rb"\*\*\* reported by process \[\d+,(\d+)\]")
+# The engine's error on a survivor (fault-tolerant MPI): "rank(s) 2, 3 on host
+# n2 (which also runs rank(s) 4) failed".
+_LOST_RANKS = re.compile(rb"rank\(s\) ([\d, ]+) on hosts? ([^ (]+(?:, [^ (]+)*?)"
+                         rb"(?: \(which also runs rank\(s\) ([\d, ]+)\))? failed")
+
+
+class OutputRelay:
+    """Copies `streams` (mpirun's pipes) to our fds, filtering rank reports.
+
+    Thread-safe: one thread per stream writes; :attr:`reports` and
+    :attr:`lost_hosts` are read after :meth:`join`.
+    """
+
+    def __init__(self, pairs):
+        """Args: pairs: (readable file object, our fd to write to)."""
+        self.reports = []
+        self.lost_hosts = []
+        self.lost_ranks = set()
+        self.mpi_aborted = set()  # ranks MPI itself aborted on an error
+        self.line_open = {}  # fd -> whether its output ends inside a line
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._pump, args=p, daemon=True) for p in pairs]
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout=None):
+        for t in self._threads:
+            t.join(timeout)
+
+    def _pump(self, src, fd):
+        pending = b""   # the start of a line that may be a report
+        tail = b""      # recent output, to find prterun's lost-host message
+        while True:
+            chunk = os.read(src.fileno(), 65536)
+            if not chunk:
+                break
+            data = pending + chunk
+            pending = b""
+            out = []
+            start = 0
+            while start < len(data):
+                nl = data.find(b"\n", start)
+                line = data[start:] if nl < 0 else data[start:nl + 1]
+                if nl < 0 and (_MARKER.startswith(line) or line.startswith(_MARKER)):
+                    pending = line  # wait for the rest of it
+                    break
+                at = line.find(_MARKER)
+                if at >= 0 and nl >= 0:
+                    self._take_report(line[at + len(_MARKER):])
+                    out.append(line[:at])
+                else:
+                    out.append(line)
+                start = len(data) if nl < 0 else nl + 1
+            text = b"".join(out)
+            if text:
+                _write_all(fd, text)
+                self.line_open[fd] = not text.endswith(b"\n")
+                tail = (tail + text)[-8192:]
+                self._scan(tail)
+        if pending:
+            _write_all(fd, pending)
+
+    def _take_report(self, payload):
+        try:
+            report = json.loads(payload.decode("utf-8", "replace"))
+        except ValueError:
+            return
+        with self._lock:
+            self.reports.append(report)
+
+    def _scan(self, tail):
+        found = [(m.group(1).decode("utf-8", "replace").rstrip(".,"), ())
+                 for m in _LOST_HOST.finditer(tail)]
+        for m in _LOST_RANKS.finditer(tail):
+            ranks = [int(x) for x in re.findall(rb"\d+", m.group(1) + b" " + (m.group(3) or b""))]
+            for host in m.group(2).decode("utf-8", "replace").split(", "):
+                found.append((host, ranks))
+        aborted = {int(m.group(1)) for m in _MPI_ABORTED.finditer(tail)}
+        with self._lock:
+            self.mpi_aborted.update(aborted)
+            for host, ranks in found:
+                if host not in self.lost_hosts:
+                    self.lost_hosts.append(host)
+                self.lost_ranks.update(ranks)
+
+    def survivors_done(self, np_ranks, placement=None):
+        """Whether every rank not on a lost host has ended (the rest cannot be reached).
+
+        Only after some host was reported lost; `placement` ({host: [ranks]})
+        adds the lost hosts' ranks when the launch fixed them.
+        """
+        with self._lock:
+            if not self.lost_hosts or np_ranks <= 0:
+                return False
+            lost = set(self.lost_ranks)
+            for host in self.lost_hosts:
+                lost.update((placement or {}).get(host, ()))
+            ended = {r.get("rank") for r in self.reports}
+            return lost != set(range(np_ranks)) and set(range(np_ranks)) <= lost | ended
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BrokenPipeError:
+            return
+        data = data[n:]
+
+
+def expected_placement(hosts, np):
+    """{host: [ranks]} for ``--map-by slot`` over `hosts` (hosts.Host list), or {}."""
+    placement, rank = {}, 0
+    for h in hosts:
+        for _ in range(h.slots):
+            if rank >= np:
+                return placement
+            placement.setdefault(h.name, []).append(rank)
+            rank += 1
+    return placement
+
+
+def _how(report):
+    if report.get("signal"):
+        try:
+            name = signal.Signals(report["signal"]).name
+        except ValueError:
+            name = f"signal {report['signal']}"
+        return f"was killed by signal {report['signal']} ({name})"
+    return f"exited with status {report.get('status')}"
+
+
+def _first(reports, mpi_aborted=()):
+    """The failure that came first: the earliest, except that ranks MPI aborted on an error
+    (the consequence of a peer's failure) count only when no other rank failed."""
+    failed = [r for r in reports if r.get("status") != 0]
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (r.get("rank") in mpi_aborted, r.get("time", 0)))
+
+
+def first_failure_code(reports, mpi_aborted=()):
+    """Exit code of the first failed rank (128 + signal when killed), or 0."""
+    first = _first(reports, mpi_aborted)
+    if first is None:
+        return 0
+    return first["status"] if first.get("status") else 128 + (first.get("signal") or 0)
+
+
+def summary(code, reports, lost_hosts, placement=None, mpi_aborted=()):
+    """The line naming the first failure, or None when the job succeeded or nothing is known.
+
+    Args:
+        code: the job's exit code.
+        reports: rank supervisor reports (``rank``, ``host``, ``time``,
+            ``status``/``signal``).
+        lost_hosts: hosts Open MPI lost contact with, in the order seen.
+        placement: {host: [ranks]} when the launch fixed it, for naming a lost
+            host's ranks.
+        mpi_aborted: ranks whose MPI aborted them on an error.
+    """
+    if code == 0:
+        return None
+    reports = [r for r in reports if r.get("status") != 0]
+    if reports:
+        first = _first(reports, mpi_aborted)
+        others = len({r.get("rank") for r in reports}) - 1
+        tail = (f"; {others} other rank(s) failed after it" if others > 0 else "")
+        return (f"hvdcompatrun: rank {first.get('rank')} on host {first.get('host')} "
+                f"{_how(first)}, the first rank of the job to fail{tail}; its own output above "
+                f"says why (job exit code {code})")
+    if lost_hosts:
+        host = lost_hosts[0]
+        ranks = (placement or {}).get(host)
+        which = f" (rank(s) {', '.join(map(str, ranks))})" if ranks else ""
+        return (f"hvdcompatrun: lost contact with host {host}{which}: its network link or the "
+                f"host itself failed, and the job was stopped (job exit code {code})")
+    return None

@@ -1,0 +1,102 @@
+"""Runs one rank's command and reports how it ended, for hvdcompatrun.
+
+    python .../hvdcompat/runner/rank_supervisor.py COMMAND [ARGS...]
+
+hvdcompatrun starts every rank through this script (Note [First failed
+rank]). It runs COMMAND as its child, passes on every signal it receives,
+and when the child ends writes one report line to stderr (see
+:data:`MARKER`) before ending the same way, so the launcher still sees the
+rank's own exit status.
+
+Note [First failed rank]: once one rank of an Open MPI job fails, the others
+fail too (a survivor's MPI aborts on the closed connection), and Open MPI's
+summary names whichever failure it processed first, often a survivor
+("process rank 0 ... calling abort"). The parent of the rank is the only
+process that knows for certain when and how the rank ended; the launcher
+collects these reports from the job's output, removes them from it, and
+names the earliest.
+
+Run as a script, not as ``-m hvdcompat...``: importing the package would
+import torch in every supervisor.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["MARKER", "main"]
+
+MARKER = "hvdcompatrun-rank-exit: "
+
+_PR_SET_PDEATHSIG = 1
+# Every signal a launcher or user may send a rank, passed on unchanged.
+_FORWARDED = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH]
+
+
+def _die_with_parent():
+    # If the supervisor is SIGKILLed (the launcher's last resort), the rank
+    # must not outlive it.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _rank():
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return -1
+
+
+def main(argv=None):
+    """Runs ``argv`` (default ``sys.argv[1:]``); returns or re-raises its ending."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        print("rank_supervisor: no command given", file=sys.stderr)
+        return 2
+    try:
+        child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
+    except OSError as e:
+        print(f"hvdcompatrun: cannot start {argv[0]!r} on {socket.gethostname()}: {e}",
+              file=sys.stderr, flush=True)
+        return 127
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    report = {"rank": _rank(), "host": socket.gethostname(), "time": time.time(),
+              "status": code if code >= 0 else None, "signal": -code if code < 0 else None}
+    try:
+        os.write(2, (MARKER + json.dumps(report) + "\n").encode())
+    except OSError:
+        pass  # the launcher is gone; the exit status still tells it
+    if code < 0:
+        # End the way the rank did, so the launcher reports the same signal.
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

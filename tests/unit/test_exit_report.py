@@ -1,0 +1,122 @@
+"""hvdcompatrun's failure line: rank supervisor reports, the output relay, the summary."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from hvdcompat.runner import exit_report
+from hvdcompat.runner.hosts import Host
+from hvdcompat.runner.rank_supervisor import MARKER
+
+SUPERVISOR = os.path.join(os.path.dirname(exit_report.__file__), "rank_supervisor.py")
+
+
+def _supervise(code, env=None):
+    return subprocess.run([sys.executable, SUPERVISOR, sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMPI_COMM_WORLD_RANK": "3", **(env or {})})
+
+
+def test_supervisor_passes_the_status_through_and_reports_how_the_rank_ended():
+    ok = _supervise("print('hi')")
+    assert ok.returncode == 0 and ok.stdout == "hi\n"
+    assert json.loads(ok.stderr.split(MARKER, 1)[1])["status"] == 0
+    failed = _supervise("import sys; sys.exit(7)")
+    assert failed.returncode == 7
+    line = [l for l in failed.stderr.splitlines() if l.startswith(MARKER)]
+    report = json.loads(line[0][len(MARKER):])
+    assert report["rank"] == 3 and report["status"] == 7 and report["signal"] is None
+
+
+def test_supervisor_dies_of_the_ranks_signal_and_forwards_signals():
+    killed = _supervise("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -signal.SIGKILL
+    report = json.loads(killed.stderr.split(MARKER, 1)[1].splitlines()[0])
+    assert report["signal"] == signal.SIGKILL and report["status"] is None
+    proc = subprocess.Popen([sys.executable, SUPERVISOR, sys.executable, "-c",
+                             "import signal, sys, time\n"
+                             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
+                             "print('ready', flush=True)\ntime.sleep(60)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 5  # the rank's own handler ran
+
+
+def _relay(chunks):
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    relay = exit_report.OutputRelay([(os.fdopen(r, "rb"), out_w)])
+    for c in chunks:
+        os.write(w, c)
+    os.close(w)
+    relay.join(timeout=10)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        return relay, f.read()
+
+
+def test_relay_removes_reports_even_when_split_across_reads():
+    report = MARKER.encode() + json.dumps({"rank": 2, "host": "n2", "time": 1.0,
+                                           "status": 7, "signal": None}).encode() + b"\n"
+    relay, out = _relay([b"before\npartial line", b" done\n", report[:10], report[10:],
+                         b"after\n"])
+    assert out == b"before\npartial line done\nafter\n"
+    assert relay.reports == [{"rank": 2, "host": "n2", "time": 1.0, "status": 7,
+                              "signal": None}]
+
+
+def test_relay_notices_a_lost_host():
+    relay, out = _relay([b"PRTE has lost communication with a remote daemon.\n"
+                         b"  HNP daemon   : [prterun-n1-1@0,0] on node n1\n"
+                         b"  Remote daemon: [prterun-n1-1@0,1] on node n2\n"])
+    assert b"Remote daemon" in out and relay.lost_hosts[-1] == "n2"
+
+
+def test_summary_names_the_earliest_failure():
+    reports = [{"rank": 0, "host": "n1", "time": 5.2, "status": 14, "signal": None},
+               {"rank": 3, "host": "n2", "time": 5.0, "status": 7, "signal": None},
+               {"rank": 2, "host": "n2", "time": 5.1, "status": None, "signal": 9}]
+    line = exit_report.summary(7, reports, [])
+    assert line.startswith("hvdcompatrun: rank 3 on host n2 exited with status 7, the first")
+    assert "2 other rank(s)" in line
+    killed = exit_report.summary(137, reports[2:], [])
+    assert "rank 2 on host n2 was killed by signal 9 (SIGKILL)" in killed
+    assert exit_report.summary(0, reports, []) is None
+
+
+def test_summary_names_a_lost_host_and_its_ranks():
+    placement = exit_report.expected_placement([Host("n1", 2), Host("n2", 2)], 4)
+    assert placement == {"n1": [0, 1], "n2": [2, 3]}
+    line = exit_report.summary(1, [], ["n2"], placement)
+    assert "lost contact with host n2 (rank(s) 2, 3)" in line
+    assert exit_report.expected_placement([Host("a", 2), Host("b", 2)], 3) == {"a": [0, 1],
+                                                                               "b": [2]}
+
+
+def test_engine_error_names_lost_ranks_and_survivors_done_waits_for_the_others():
+    line = (b"[hvdcompat rank 0] ERROR: rank(s) 3 on host n2 (which also runs rank(s) 2) failed "
+            b"(the process exited, was killed, or lost its connection)\n")
+    relay, _ = _relay([line])
+    assert relay.lost_hosts == ["n2"] and relay.lost_ranks == {2, 3}
+    assert not relay.survivors_done(4)  # ranks 0 and 1 still run
+    relay.reports = [{"rank": 0, "status": 0}, {"rank": 1, "status": 0}]
+    assert relay.survivors_done(4)
+    assert exit_report.first_failure_code(relay.reports) == 0
+    relay.reports.append({"rank": 1, "status": None, "signal": 9, "time": 0})
+    assert exit_report.first_failure_code(relay.reports) == 137
+
+
+def test_a_rank_mpi_aborted_after_a_peer_failed_is_not_named_first():
+    relay, _ = _relay([b"[n1:00000] *** An error occurred in Socket closed\n",
+                       b"[n1:00000] *** reported by process [412155905,1]\n"])
+    assert relay.mpi_aborted == {1}
+    reports = [{"rank": 1, "host": "n1", "time": 4.9, "status": 14, "signal": None},
+               {"rank": 2, "host": "n2", "time": 5.0, "status": None, "signal": 9}]
+    line = exit_report.summary(14, reports, [], mpi_aborted=relay.mpi_aborted)
+    assert line.startswith("hvdcompatrun: rank 2 on host n2 was killed by signal 9"), line
+    # Alone, an aborted rank is still named.
+    assert "rank 1 on host n1" in exit_report.summary(14, reports[:1], [], mpi_aborted={1})
