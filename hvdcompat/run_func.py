@@ -150,8 +150,11 @@ def _run_elastic(settings):
     """
     given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     raise NotImplementedError(
-        f"hvdcompat.run({given}): elastic jobs are not available in this version of hvdcompat. "
-        f"Leave out {', '.join(settings)} to run a fixed-size job of num_proc ranks.")
+        f"hvdcompat.run({given}): elastic jobs cannot be started through hvdcompat.run yet. "
+        f"Put the training in a script decorated with hvd.elastic.run and launch it with "
+        f"hvdcompatrun's elastic flags (e.g. `hvdcompatrun -np 3 --min-np 2 python train.py`; "
+        f"see the README's Elastic training section), or leave out {', '.join(settings)} to run "
+        f"a fixed-size job of num_proc ranks.")
 
 
 def _start_timeout(start_timeout):

@@ -117,7 +117,7 @@ def test_deprecated_np_warns_and_gloo_is_refused():
     ({"cooldown_range": (1, 10)}, "cooldown_range=(1, 10)"),
 ])
 def test_elastic_parameters_raise_only_when_given(kwargs, shown):
-    with pytest.raises(NotImplementedError, match="elastic jobs are not available") as info:
+    with pytest.raises(NotImplementedError, match="elastic jobs cannot be started through hvdcompat.run") as info:
         hvd.run(_noop, num_proc=2, **kwargs)
     assert shown in str(info.value)
 
