@@ -1,7 +1,8 @@
 """Allreduce benchmark: hvdcompat vs raw MPI (mpi4py) vs torch.distributed (gloo), one job.
 
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py
-    mpirun -np 2 python examples/allreduce_benchmark.py --sizes 4KiB,64MiB --iters 20
+    mpirun --allow-run-as-root -np 2 python examples/allreduce_benchmark.py \
+        --sizes 4KiB,64MiB --iters 20
 
 Prints, for float32 buffers of each size, the median time of a synchronous
 allreduce (sum) and its algorithm bandwidth (bytes / time), then the
@@ -104,7 +105,13 @@ def main():
     comm = MPI.COMM_WORLD if MPI is not None else None
     dist = None if args.no_gloo else start_gloo()
     barrier = hvd.barrier
-    log = print if rank == 0 else (lambda *a, **k: None)
+
+    def log(*parts, end="\n"):
+        # Rank 0 only, flushed as each cell is measured: a 64 MiB row takes
+        # several seconds, and a launcher may buffer the ranks' pipes.
+        if rank == 0:
+            print(*parts, end=end, flush=True)
+
 
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
     log(f"# hvdcompat {hvd.__version__}, {hvd.build_info()['mpi_library'].split(',')[0]}, "
@@ -117,18 +124,20 @@ def main():
         n = nbytes // 4
         t = torch.ones(n)
         name = f"bench.{nbytes}"
+        gb = lambda s: nbytes / s / 1e9  # noqa: E731
+        log(f"{human(nbytes):>9} |", end="")
         th = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters, args.warmup,
                     barrier)
+        log(f" {th * 1e3:12.3f} {gb(th):6.2f} |", end="")
         tm = tg = float("nan")
         if comm is not None:
             a = t.numpy()
             tm = timeit(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM), args.iters,
                         args.warmup, barrier)
+        log(f" {tm * 1e3:8.3f} {gb(tm):6.2f} |", end="")
         if dist is not None:
             tg = timeit(lambda: dist.all_reduce(t), args.iters, args.warmup, barrier)
-        gb = lambda s: nbytes / s / 1e9  # noqa: E731
-        log(f"{human(nbytes):>9} | {th * 1e3:12.3f} {gb(th):6.2f} | {tm * 1e3:8.3f} {gb(tm):6.2f} |"
-            f" {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
+        log(f" {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
 
     shapes = resnet50_shapes()
     grads = [torch.randn(s) for s in shapes]
@@ -142,7 +151,7 @@ def main():
         for h in handles:
             hvd.synchronize(h)
 
-    rows = [("hvdcompat (async, fused)", timeit(hvd_set, args.resnet_iters, 2, barrier))]
+    rows = [("hvdcompat (async, fused)", hvd_set)]
     if comm is not None:
         arrays = [g.numpy() for g in grads]
 
@@ -150,17 +159,18 @@ def main():
             for a in arrays:
                 comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
-        rows.append(("raw MPI, one Allreduce per tensor", timeit(mpi_set, args.resnet_iters, 2,
-                                                                 barrier)))
+        rows.append(("raw MPI, one Allreduce per tensor", mpi_set))
     if dist is not None:
         def gloo_set():
             works = [dist.all_reduce(g, async_op=True) for g in grads]
             for w in works:
                 w.wait()
 
-        rows.append(("gloo, async per tensor", timeit(gloo_set, args.resnet_iters, 2, barrier)))
-    for label, sec in rows:
-        log(f"{label:>36}: {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
+        rows.append(("gloo, async per tensor", gloo_set))
+    for label, fn in rows:
+        log(f"{label:>36}:", end="")
+        sec = timeit(fn, args.resnet_iters, 2, barrier)
+        log(f" {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
     stats = hvd.engine_stats()
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "

@@ -44,6 +44,18 @@ def _multi_model_resumed(out):
     assert max(resumed.values()) < _first_multi_model_losses[0], out
 
 
+def _efficiency_from_measured_baseline(out):
+    baseline = float(re.search(r"Baseline img/sec \(one process, no hvdcompat\): ([0-9.]+)",
+                               out).group(1))
+    total = float(re.search(r"Total img/sec on 2 rank\(s\): ([0-9.]+)", out).group(1))
+    shown = re.search(r"Scaling efficiency vs one process \(([0-9.]+) img/sec, measured in this "
+                      r"job\): (\d+)%", out)
+    assert shown, f"no scaling efficiency against the measured baseline:\n{out}"
+    assert float(shown.group(1)) == baseline, out
+    # The printed figures are rounded; the script divides the unrounded ones.
+    assert abs(int(shown.group(2)) - 100 * total / (2 * baseline)) <= 1, out
+
+
 _BENCH_SHORT = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
                 "--num-iters", "2"]
 
@@ -66,8 +78,8 @@ SHORT_SETTINGS = {
           "raw MPI, one Allreduce per tensor", "gloo, async per tensor"]),
     ],
     "pytorch_synthetic_benchmark.py": [
-        (["--model", "resnet", "--image-size", "16", *_BENCH_SHORT],
-         ["| rank | img/sec", "Total img/sec on 2 rank(s)"]),
+        (["--model", "resnet", "--image-size", "16", "--measure-baseline", *_BENCH_SHORT],
+         ["| rank | img/sec", "Total img/sec on 2 rank(s)", _efficiency_from_measured_baseline]),
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
          ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),
