@@ -13,11 +13,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import hvdcompat as hvd
-from harness import REPO, mpi_env, run_ranks
+from harness import REPO, mpi_env, report_launch, run_ranks, short_command
 
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
 
@@ -107,6 +108,7 @@ def _missing_api(name):
 def launch(args, timeout=TIMEOUT):
     """Runs hvdcompatrun with ``args``; returns (exit code, output)."""
     cmd = [sys.executable, "-m", "hvdcompat.runner.launch", *args]
+    start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace",
                             start_new_session=True)
@@ -119,7 +121,11 @@ def launch(args, timeout=TIMEOUT):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
+        report_launch("hvdcompatrun", short_command(args), time.monotonic() - start,
+                      proc.returncode, True)
         pytest.fail(f"{' '.join(args)} timed out after {timeout} s:\n{out}")
+    report_launch("hvdcompatrun", short_command(args), time.monotonic() - start,
+                  proc.returncode, False)
     return proc.returncode, out
 
 
