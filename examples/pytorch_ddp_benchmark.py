@@ -130,6 +130,8 @@ def main():
     if not hvdcompat.ddp.backend_available():
         log("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
 
+    log(f"Setting up {len(configs)} configurations: "
+        + ", ".join(label for label, _ in configs))
     trainers = []
     for label, make in configs:
         model, route = make()
