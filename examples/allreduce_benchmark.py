@@ -16,6 +16,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -72,6 +73,37 @@ def timeit(fn, iters, warmup, barrier):
     return statistics.median(times)
 
 
+class Heartbeat:
+    """Rank 0's "still measuring" line on stderr when the table has been quiet for a while.
+
+    Launchers forward the ranks' output line by line, so a table row appears
+    only when all its cells are measured, and the 64 MiB row takes seconds
+    (many on a busy machine). A daemon thread then says what is being measured.
+    It only reads attributes that the main thread replaces whole, so no lock.
+    """
+
+    def __init__(self, enabled, quiet_seconds=3.0):
+        self.what, self.since = "the first size", time.monotonic()
+        self.last_output = self.since
+        if enabled:
+            threading.Thread(target=self._run, args=(quiet_seconds,), daemon=True).start()
+
+    def measuring(self, what):
+        self.what, self.since = what, time.monotonic()
+
+    def printed(self):
+        self.last_output = time.monotonic()
+
+    def _run(self, quiet_seconds):
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            if now - self.last_output >= quiet_seconds:
+                print(f"  ... measuring {self.what} ({now - self.since:.0f} s so far)",
+                      file=sys.stderr, flush=True)
+                self.last_output = now
+
+
 def start_gloo():
     """Initialises torch.distributed/gloo for this job (address and port from rank 0)."""
     import torch.distributed as dist
@@ -105,12 +137,13 @@ def main():
     comm = MPI.COMM_WORLD if MPI is not None else None
     dist = None if args.no_gloo else start_gloo()
     barrier = hvd.barrier
+    heartbeat = Heartbeat(enabled=rank == 0)
 
-    def log(*parts, end="\n"):
-        # Rank 0 only, flushed as each cell is measured: a 64 MiB row takes
-        # several seconds, and a launcher may buffer the ranks' pipes.
+    def log(*parts):
+        # Rank 0 only, flushed: a launcher may buffer the ranks' pipes.
         if rank == 0:
-            print(*parts, end=end, flush=True)
+            print(*parts, flush=True)
+            heartbeat.printed()
 
 
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
@@ -124,20 +157,21 @@ def main():
         n = nbytes // 4
         t = torch.ones(n)
         name = f"bench.{nbytes}"
-        gb = lambda s: nbytes / s / 1e9  # noqa: E731
-        log(f"{human(nbytes):>9} |", end="")
+        heartbeat.measuring(f"{human(nbytes)} with hvdcompat")
         th = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters, args.warmup,
                     barrier)
-        log(f" {th * 1e3:12.3f} {gb(th):6.2f} |", end="")
         tm = tg = float("nan")
         if comm is not None:
+            heartbeat.measuring(f"{human(nbytes)} with raw MPI")
             a = t.numpy()
             tm = timeit(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM), args.iters,
                         args.warmup, barrier)
-        log(f" {tm * 1e3:8.3f} {gb(tm):6.2f} |", end="")
         if dist is not None:
+            heartbeat.measuring(f"{human(nbytes)} with gloo")
             tg = timeit(lambda: dist.all_reduce(t), args.iters, args.warmup, barrier)
-        log(f" {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
+        gb = lambda s: nbytes / s / 1e9  # noqa: E731
+        log(f"{human(nbytes):>9} | {th * 1e3:12.3f} {gb(th):6.2f} | {tm * 1e3:8.3f} {gb(tm):6.2f} |"
+            f" {tg * 1e3:8.3f} {gb(tg):6.2f} | {th / tm:7.2f}")
 
     shapes = resnet50_shapes()
     grads = [torch.randn(s) for s in shapes]
@@ -168,9 +202,9 @@ def main():
 
         rows.append(("gloo, async per tensor", gloo_set))
     for label, fn in rows:
-        log(f"{label:>36}:", end="")
+        heartbeat.measuring(f"the ResNet-50 set: {label}")
         sec = timeit(fn, args.resnet_iters, 2, barrier)
-        log(f" {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
+        log(f"{label:>36}: {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
     stats = hvd.engine_stats()
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "
