@@ -1,7 +1,7 @@
 """MNIST-shaped training on generated data: a Horovod script, with one changed import.
 
     hvdcompatrun -np 2 python examples/pytorch_mnist.py
-    mpirun --allow-run-as-root -np 2 python examples/pytorch_mnist.py   # root needs the flag
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_mnist.py   # the flag: as root only
 
 The data set is generated (28x28 grey images of ten noisy class patterns), so
 nothing is downloaded and every rank builds the same set from the same seed;
