@@ -5,7 +5,7 @@ Any launcher works; the script itself is an ordinary env:// DDP script:
     torchrun --standalone --nproc_per_node=2 examples/pytorch_ddp_benchmark.py
     python -m torch.distributed.launch --nproc_per_node=2 --nnodes=1 --node_rank=0 \
         --master_addr=localhost --master_port=6006 examples/pytorch_ddp_benchmark.py
-    mpirun --allow-run-as-root -np 2 python examples/pytorch_ddp_benchmark.py   # the flag: as root only
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_ddp_benchmark.py   # flag: as root
 
 In one job it trains the same synthetic model (an MLP on random data) with
 DistributedDataParallel in each configuration and prints steps/s on rank 0:

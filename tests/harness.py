@@ -149,8 +149,8 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
         if result.returncode == 0 or started or not any(
                 m in result.output for m in _LAUNCHER_STARTUP_FAILURES):
             break
-    report_launch(f"mpirun -np {np}", what or short_command(argv), result.seconds, result.returncode,
-                  result.timed_out, result.output, env)
+    report_launch(f"mpirun -np {np}", what or short_command(argv), result.seconds,
+                  result.returncode, result.timed_out, result.output, env)
     if check and (result.timed_out or result.returncode != 0):
         label = what or " ".join(argv)
         reason = (f"timed out after {timeout} s (stacks of every rank dumped above)"
