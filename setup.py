@@ -159,6 +159,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["hvdcompat", "hvdcompat.*"]),
+    # Declaring the project root as the package root makes `pip install -e .`
+    # put that directory on sys.path (a path entry in a .pth file) instead of
+    # installing an import hook. The hook runs after the normal path search, so
+    # from the directory that holds a clone named `hvdcompat` the clone itself
+    # was imported as an empty namespace package (no hvd.init). A regular
+    # package found anywhere on sys.path beats a namespace portion, so with a
+    # path entry the real package wins from any working directory.
+    package_dir={"": "."},
     ext_modules=[CMakeExtension("hvdcompat._core")],
     cmdclass={"build_ext": CMakeBuild},
     setup_requires=[] if MPICC else _mpi_requirements(),

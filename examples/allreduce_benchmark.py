@@ -1,7 +1,8 @@
 """Allreduce benchmark: hvdcompat vs raw MPI (mpi4py) vs torch.distributed (gloo), one job.
 
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py
-    mpirun -np 2 python examples/allreduce_benchmark.py --sizes 4KiB,64MiB --iters 20
+    mpirun --allow-run-as-root -np 2 python examples/allreduce_benchmark.py \
+        --sizes 4KiB,64MiB --iters 20
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py --autotune --sizes 4KiB
     hvdcompatrun -np 4 python examples/allreduce_benchmark.py --hierarchical --pseudo-node-size 2
 
@@ -26,6 +27,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -80,6 +82,37 @@ def timeit(fn, iters, warmup, barrier):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+class Heartbeat:
+    """Rank 0's "still measuring" line on stderr when the table has been quiet for a while.
+
+    Launchers forward the ranks' output line by line, so a table row appears
+    only when all its cells are measured, and the 64 MiB row takes seconds
+    (many on a busy machine). A daemon thread then says what is being measured.
+    It only reads attributes that the main thread replaces whole, so no lock.
+    """
+
+    def __init__(self, enabled, quiet_seconds=3.0):
+        self.what, self.since = "the first size", time.monotonic()
+        self.last_output = self.since
+        if enabled:
+            threading.Thread(target=self._run, args=(quiet_seconds,), daemon=True).start()
+
+    def measuring(self, what):
+        self.what, self.since = what, time.monotonic()
+
+    def printed(self):
+        self.last_output = time.monotonic()
+
+    def _run(self, quiet_seconds):
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            if now - self.last_output >= quiet_seconds:
+                print(f"  ... measuring {self.what} ({now - self.since:.0f} s so far)",
+                      file=sys.stderr, flush=True)
+                self.last_output = now
 
 
 def start_gloo():
@@ -139,7 +172,14 @@ def main():
     comm = MPI.COMM_WORLD if MPI is not None else None
     dist = None if args.no_gloo else start_gloo()
     barrier = hvd.barrier
-    log = print if rank == 0 else (lambda *a, **k: None)
+    heartbeat = Heartbeat(enabled=rank == 0)
+
+    def log(*parts):
+        # Rank 0 only, flushed: a launcher may buffer the ranks' pipes.
+        if rank == 0:
+            print(*parts, flush=True)
+            heartbeat.printed()
+
 
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
     log(f"# hvdcompat {hvd.__version__}, {' '.join(hvd.build_info()['mpi_library'].splitlines()[0].split(',')[0].split())}, "
@@ -155,14 +195,17 @@ def main():
         n = nbytes // 4
         t = torch.ones(n)
         name = f"bench.{nbytes}"
+        heartbeat.measuring(f"{human(nbytes)} with hvdcompat")
         th = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters, args.warmup,
                     barrier)
         tm = tg = float("nan")
         if comm is not None:
+            heartbeat.measuring(f"{human(nbytes)} with raw MPI")
             a = t.numpy()
             tm = timeit(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM), args.iters,
                         args.warmup, barrier)
         if dist is not None:
+            heartbeat.measuring(f"{human(nbytes)} with gloo")
             tg = timeit(lambda: dist.all_reduce(t), args.iters, args.warmup, barrier)
         gb = lambda s: nbytes / s / 1e9  # noqa: E731
         row = (f"{human(nbytes):>9} | {th * 1e3:12.3f} {gb(th):6.2f} | {tm * 1e3:8.3f} "
@@ -187,11 +230,7 @@ def main():
         for h in handles:
             hvd.synchronize(h)
 
-    rows = [("hvdcompat (async, fused)", timeit(hvd_set, args.resnet_iters, 2, barrier))]
-    if args.hierarchical:
-        hierarchical_engine(True, args.pseudo_node_size)
-        rows.append(("hvdcompat hierarchical (async, fused)",
-                     timeit(hvd_set, args.resnet_iters, 2, barrier)))
+    rows = [("hvdcompat (async, fused)", hvd_set)]
     if comm is not None:
         arrays = [g.numpy() for g in grads]
 
@@ -199,16 +238,22 @@ def main():
             for a in arrays:
                 comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
-        rows.append(("raw MPI, one Allreduce per tensor", timeit(mpi_set, args.resnet_iters, 2,
-                                                                 barrier)))
+        rows.append(("raw MPI, one Allreduce per tensor", mpi_set))
     if dist is not None:
         def gloo_set():
             works = [dist.all_reduce(g, async_op=True) for g in grads]
             for w in works:
                 w.wait()
 
-        rows.append(("gloo, async per tensor", timeit(gloo_set, args.resnet_iters, 2, barrier)))
-    for label, sec in rows:
+        rows.append(("gloo, async per tensor", gloo_set))
+    if args.hierarchical:
+        # Last: the engine is restarted with the hierarchical knob for this row.
+        rows.append(("hvdcompat hierarchical (async, fused)", hvd_set))
+    for label, fn in rows:
+        if fn is hvd_set and "hierarchical" in label:
+            hierarchical_engine(True, args.pseudo_node_size)
+        heartbeat.measuring(f"the ResNet-50 set: {label}")
+        sec = timeit(fn, args.resnet_iters, 2, barrier)
         log(f"{label:>36}: {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
     stats = hvd.engine_stats()
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "

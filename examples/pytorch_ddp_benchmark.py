@@ -5,7 +5,7 @@ Any launcher works; the script itself is an ordinary env:// DDP script:
     torchrun --standalone --nproc_per_node=2 examples/pytorch_ddp_benchmark.py
     python -m torch.distributed.launch --nproc_per_node=2 --nnodes=1 --node_rank=0 \
         --master_addr=localhost --master_port=6006 examples/pytorch_ddp_benchmark.py
-    mpirun -np 2 python examples/pytorch_ddp_benchmark.py
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_ddp_benchmark.py   # flag: as root
 
 In one job it trains the same synthetic model (an MLP on random data) with
 DistributedDataParallel in each configuration and prints steps/s on rank 0:
@@ -117,24 +117,36 @@ def main():
             return model, hooks.register(model, compression=comp).route
         configs.append((f"gloo + accelerate ({comp})", make))
 
+    def log(msg):
+        # Rank 0 only, flushed: a launcher may buffer the ranks' pipes.
+        if rank == 0:
+            print(msg, flush=True)
+
+    params = sum(p.numel() for p in build_model(args).parameters())
+    log(f"DDP benchmark: {size} ranks ({launcher()}), MLP {args.layers}x{args.hidden} "
+        f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of gradients), "
+        f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
+        f"{args.iters} timed steps per configuration, median shown")
+    if not hvdcompat.ddp.backend_available():
+        log("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
+
+    log(f"Setting up {len(configs)} configurations: "
+        + ", ".join(label for label, _ in configs))
     trainers = []
     for label, make in configs:
         model, route = make()
         trainers.append((label, route, Trainer(model, args)))
     samples = {label: [] for label, _, _ in trainers}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for label, _, trainer in trainers:
-            samples[label].append(trainer.steps_per_second(args.warmup, args.iters))
+            start = time.perf_counter()
+            sps = trainer.steps_per_second(args.warmup, args.iters)
+            samples[label].append(sps)
+            log(f"  round {r + 1}/{args.rounds}: {label:<28} {sps:7.2f} steps/s "
+                f"({time.perf_counter() - start:.1f} s)")
     results = [(label, route, statistics.median(samples[label])) for label, route, _ in trainers]
 
     if rank == 0:
-        params = sum(p.numel() for p in build_model(args).parameters())
-        print(f"DDP benchmark: {size} ranks ({launcher()}), MLP {args.layers}x{args.hidden} "
-              f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of gradients), "
-              f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
-              f"{args.iters} timed steps per configuration, median shown")
-        if not hvdcompat.ddp.backend_available():
-            print("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
         base = results[0][2]
         print(f"{'configuration':<28} {'route':<14} {'steps/s':>9} {'samples/s':>10} "
               f"{'vs gloo':>8}")

@@ -1,7 +1,7 @@
 """MNIST-shaped training on generated data: a Horovod script, with one changed import.
 
     hvdcompatrun -np 2 python examples/pytorch_mnist.py
-    mpirun -np 2 python examples/pytorch_mnist.py
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_mnist.py   # the flag: as root only
 
 The data set is generated (28x28 grey images of ten noisy class patterns), so
 nothing is downloaded and every rank builds the same set from the same seed;
@@ -182,7 +182,9 @@ def main():
             log(f"Saved {path}")
 
     if first_loss is None:
-        log(f"Nothing to do: the checkpoints already cover {args.epochs} epoch(s).")
+        log(f"Nothing to do: the checkpoints in {args.checkpoint_dir} already cover "
+            f"{args.epochs} epoch(s). To train further, raise --epochs; to start fresh, "
+            f"delete {args.checkpoint_dir} or pass another --checkpoint-dir.")
     else:
         log(f"Done: train loss went from {first_loss:.4f} (first epoch run) to "
             f"{train_loss:.4f} (epoch {args.epochs}).")

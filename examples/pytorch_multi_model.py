@@ -1,6 +1,6 @@
 """Two models, one DistributedOptimizer: an encoder and a decoder trained together.
 
-    mpirun -np 2 python examples/pytorch_multi_model.py --epochs 5
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_multi_model.py --epochs 5
 
 A Horovod script migrated to hvdcompat, step by step (the import is the only
 change a Horovod script needs; merge_named_parameters / merge_state_dicts

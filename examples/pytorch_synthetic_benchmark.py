@@ -1,15 +1,19 @@
 """Synthetic training benchmark: images (or samples) per second, per rank and in total.
 
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py
-    mpirun -np 2 python examples/pytorch_synthetic_benchmark.py          # the same, plain MPI
-    python examples/pytorch_synthetic_benchmark.py --no-hvd              # one-process baseline
+    hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --measure-baseline
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_synthetic_benchmark.py  # plain MPI
+    python examples/pytorch_synthetic_benchmark.py --no-hvd              # one process alone
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --baseline-img-sec 41.5
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --autotune  # tuned vs default
 
 Every rank trains the chosen model on one fixed random batch (no data loading,
 so the numbers measure compute plus gradient exchange). Spreads are
-mean ± 1.96·std over the timed iterations. Give the --no-hvd result as
---baseline-img-sec to get the scaling efficiency: total / (ranks × baseline).
+mean ± 1.96·std over the timed iterations. The scaling efficiency is
+total / (ranks × baseline), where the baseline is one process training
+without hvdcompat on the cores (threads) one rank gets: --measure-baseline
+measures it in the same job first (rank 0 trains alone while the other ranks
+wait), or give an earlier --no-hvd result as --baseline-img-sec.
 The models are built in (no torchvision): a ResNet-style CNN, an MLP with
 large layers (communication-heavy) and a small transformer encoder.
 With --autotune, after the timed iterations an engine restarted with
@@ -141,8 +145,13 @@ def parse_args():
     p.add_argument("--no-cuda", action="store_true", help="stay on CPU even with a GPU")
     p.add_argument("--no-hvd", action="store_true",
                    help="one process, no hvdcompat: the baseline for scaling efficiency")
-    p.add_argument("--baseline-img-sec", type=float, default=None,
-                   help="the --no-hvd result, to print the scaling efficiency")
+    baseline = p.add_mutually_exclusive_group()
+    baseline.add_argument("--measure-baseline", action="store_true",
+                          help="first measure the baseline in this job: rank 0 trains alone, "
+                               "without hvdcompat and with one rank's threads, while the "
+                               "other ranks wait; then print the scaling efficiency")
+    baseline.add_argument("--baseline-img-sec", type=float, default=None,
+                          help="an earlier --no-hvd result, to print the scaling efficiency")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per rank (default: cores / ranks on this node)")
     p.add_argument("--autotune", action="store_true",
@@ -153,7 +162,82 @@ def parse_args():
     p.add_argument("--autotune-log-file", default="")
     p.add_argument("--autotune-rounds", type=int, default=2,
                    help="alternating default/tuned timing rounds")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.no_hvd and args.measure_baseline:
+        p.error("--measure-baseline is for a distributed run; --no-hvd is the baseline itself")
+    return args
+
+
+def timed_run(train_batch, sync, args, unit, log, after_each=lambda: None):
+    """Warm-up batches, then the timed iterations; returns the per-iteration rates.
+
+    `after_each` runs after every warm-up batch and every iteration, outside
+    the timed part.
+    """
+    for i in range(args.num_warmup_batches):
+        t0 = time.perf_counter()
+        train_batch()
+        sync()
+        log(f"  warm-up batch {i + 1}/{args.num_warmup_batches}: "
+            f"{time.perf_counter() - t0:.2f} s")
+        after_each()
+    log(f"Running benchmark ({args.num_iters} iterations of {args.num_batches_per_iter} "
+        "batches)...")
+    rates = []
+    for it in range(args.num_iters):
+        t0 = time.perf_counter()
+        for _ in range(args.num_batches_per_iter):
+            train_batch()
+        sync()
+        rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - t0)
+        rates.append(rate)
+        log(f"Iter #{it}: {rate:.1f} {unit}/sec per rank")
+        after_each()
+    return rates
+
+
+def trainer(model, optimizer, data, target):
+    """One training step on the fixed batch."""
+    def train_batch():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+    return train_batch
+
+
+def measure_baseline(args, device, sync, rank, log):
+    """Rank 0 trains a fresh copy of the model alone, without hvdcompat.
+
+    The other ranks wait in a broadcast that rank 0 joins between iterations
+    (outside its timed part), so no wait lasts longer than one iteration and
+    the engine's stall check stays quiet. Returns rank 0's mean rate on every rank.
+    """
+    done = torch.zeros(1, dtype=torch.int32)
+    if rank == 0:
+        torch.manual_seed(1234)
+        model, data, target, unit = build(args)
+        model, data, target = model.to(device), data.to(device), target.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def between():
+            hvd.broadcast_(done, root_rank=0, name="benchmark.baseline_wait")
+
+        log(f"Measuring the baseline: rank 0 alone, no hvdcompat, same threads "
+            f"({args.num_warmup_batches} warm-up batches)...")
+        rates = timed_run(trainer(model, optimizer, data, target), sync, args, unit, log,
+                          after_each=between)
+        done.fill_(1)
+        between()
+        mean, conf = mean_conf(rates)
+        log(f"Baseline {unit}/sec (one process, no hvdcompat): {mean:.1f} +-{conf:.1f}\n")
+        del model, optimizer
+    else:
+        while not done.item():
+            hvd.broadcast_(done, root_rank=0, name="benchmark.baseline_wait")
+        mean = 0.0
+    return hvd.broadcast(torch.tensor([mean], dtype=torch.float64), root_rank=0,
+                         name="benchmark.baseline").item()
 
 
 TUNED_KNOBS = {"HVDCOMPAT_FUSION_THRESHOLD": "fusion_threshold_bytes",
@@ -231,12 +315,6 @@ def main():
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    def train_batch():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data), target)
-        loss.backward()
-        optimizer.step()
-
     def sync():
         if cuda:
             torch.cuda.synchronize()
@@ -247,31 +325,17 @@ def main():
     log(f"Ranks: {size} ({'CUDA' if cuda else 'CPU'}"
         + (f", {torch.get_num_threads()} threads each" if not cuda else "") + ")"
         + (f", fp16 allreduce" if args.fp16_allreduce else ""))
-    log(f"Running warm-up ({args.num_warmup_batches} batches)...")
-    for i in range(args.num_warmup_batches):
-        t0 = time.perf_counter()
-        train_batch()
-        sync()
-        log(f"  warm-up batch {i + 1}/{args.num_warmup_batches}: "
-            f"{time.perf_counter() - t0:.2f} s")
-
-    def timed():
-        log(f"Running benchmark ({args.num_iters} iterations of {args.num_batches_per_iter} "
-            "batches)...")
-        rates = []
-        for it in range(args.num_iters):
-            t0 = time.perf_counter()
-            for _ in range(args.num_batches_per_iter):
-                train_batch()
-            sync()
-            rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - t0)
-            rates.append(rate)
-            log(f"Iter #{it}: {rate:.1f} {unit}/sec per rank")
-        return rates
-
-    rates = timed()
+    baseline = args.baseline_img_sec
+    if args.measure_baseline:
+        baseline = measure_baseline(args, device, sync, rank, log)
+    log(f"Running warm-up ({args.num_warmup_batches} batches) on {size} rank(s)...")
+    train_batch = trainer(model, optimizer, data, target)
+    rates = timed_run(train_batch, sync, args, unit, log)
     if distributed and args.autotune:
-        compare_autotune(args, rates, timed, train_batch, unit, log)
+        # Later rounds run on a restarted engine: timed iterations only.
+        again = argparse.Namespace(**{**vars(args), "num_warmup_batches": 0})
+        compare_autotune(args, rates, lambda: timed_run(train_batch, sync, again, unit, log),
+                         train_batch, unit, log)
         hvd.shutdown()
         return
 
@@ -297,10 +361,10 @@ def main():
         total, total_conf = mean_conf(totals)
         print(f"\n{unit.capitalize()}/sec per rank: {per_rank:.1f} +-{per_rank_conf:.1f}")
         print(f"Total {unit}/sec on {size} rank(s): {total:.1f} +-{total_conf:.1f}")
-        if args.baseline_img_sec:
-            eff = total / (size * args.baseline_img_sec)
-            print(f"Scaling efficiency vs one process ({args.baseline_img_sec:.1f} {unit}/sec): "
-                  f"{100 * eff:.0f}%")
+        if baseline:
+            how = "measured in this job" if args.measure_baseline else "--baseline-img-sec"
+            print(f"Scaling efficiency vs one process ({baseline:.1f} {unit}/sec, {how}): "
+                  f"{100 * total / (size * baseline):.0f}%")
     hvd.shutdown()
 
 

@@ -1,6 +1,6 @@
 """A small data-parallel training run: every rank trains on its shard, gradients are averaged.
 
-    mpirun -np 2 python examples/train_small.py
+    mpirun --allow-run-as-root -np 2 python examples/train_small.py   # the flag: as root only
 
 Uses only hvdcompat's collectives (broadcast to start from the same weights,
 async in-place allreduce of every gradient, a final allreduce of the loss).

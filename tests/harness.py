@@ -8,6 +8,7 @@ so a hang shows where every rank was.
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,67 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["mpirun", "flavor", "mpi_env", "run_ranks", "run_pytest_ranks", "LaunchResult", "REPO"]
+__all__ = ["mpirun", "flavor", "mpi_env", "run_ranks", "run_pytest_ranks", "LaunchResult", "REPO",
+           "set_progress_writer", "report_launch", "short_command"]
+
+# Where one-line launch summaries go; tests/conftest.py points it at pytest's
+# terminal, so a long test session says what it has run (even under -q).
+_progress_writer = None
+
+
+def set_progress_writer(write):
+    """Sets the function that shows a progress line to the user now (None: no lines)."""
+    global _progress_writer
+    _progress_writer = write
+
+
+# The summary line a rank's pytest session ends with, e.g. "38 passed, 2 skipped in 4.1s".
+_PYTEST_SUMMARY = re.compile(
+    r"^\[\d+,0\]<std(?:out|err)>: ?=* ?((?:\d+ [a-z]+(?:, )?)+) in [0-9.]+s", re.M)
+
+
+def _clip(text, limit):
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def short_command(argv):
+    """`argv` as a user would type it: `python` for this interpreter, paths relative to REPO."""
+    words = []
+    for word in argv:
+        if word == sys.executable:
+            word = "python"
+        elif os.path.isabs(word) and word.startswith(REPO + os.sep):
+            word = os.path.relpath(word, REPO)
+        words.append(word)
+    return _clip(" ".join(words), 120)
+
+
+def report_launch(launcher, what, seconds, returncode, timed_out, output="", env=None):
+    """Shows one line for a finished launch: what ran, how it ended, how long it took.
+
+    Args:
+        launcher: how it was started, e.g. "mpirun -np 2".
+        what: the command or test file, as short text.
+        seconds: wall-clock time of the launch.
+        returncode: its exit code.
+        timed_out: whether the harness stopped it.
+        output: the launch's output; a pytest summary of rank 0 in it is shown.
+        env: variables the test added for this launch (shown, they name the variant).
+    """
+    if _progress_writer is None:
+        return
+    if timed_out:
+        outcome = "TIMED OUT"
+    else:
+        found = _PYTEST_SUMMARY.findall(output)
+        outcome = found[-1].rstrip(", ") if found else (
+            "ok" if returncode == 0 else f"exit code {returncode}")
+        if found and returncode != 0:
+            outcome += f", exit code {returncode}"
+    shown_env = " ".join(f"{k}={v}" for k, v in (env or {}).items()
+                         if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    prefix = f"{_clip(shown_env, 60)} " if shown_env else ""
+    _progress_writer(f"[{launcher}] {prefix}{what}: {outcome} ({seconds:.1f} s)")
 
 
 def mpirun():
@@ -99,6 +160,8 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
         if result.returncode == 0 or started or not any(
                 m in result.output for m in _LAUNCHER_STARTUP_FAILURES):
             break
+    report_launch(f"mpirun -np {np}", what or short_command(argv), result.seconds,
+                  result.returncode, result.timed_out, result.output, env)
     if check and (result.timed_out or result.returncode != 0):
         label = what or " ".join(argv)
         reason = (f"timed out after {timeout} s (stacks of every rank dumped above)"

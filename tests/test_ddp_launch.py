@@ -5,10 +5,11 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from harness import REPO, mpi_env, run_ranks
+from harness import REPO, mpi_env, report_launch, run_ranks, short_command
 
 SCRIPT = os.path.join("tests", "ddp_scripts", "ddp_train.py")
 BENCHMARK = os.path.join("examples", "pytorch_ddp_benchmark.py")
@@ -24,8 +25,11 @@ def torch_launch(argv, extra_env=None):
     env = mpi_env(extra_env)
     for var in [v for v in env if v.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))]:
         del env[var]  # the test session itself may run under an MPI launcher
+    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    report_launch(argv[0], short_command(argv[1:]), time.monotonic() - start, proc.returncode,
+                  False)
     assert proc.returncode == 0, proc.stdout
     return proc.stdout
 

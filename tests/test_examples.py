@@ -13,11 +13,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import hvdcompat as hvd
-from harness import REPO, mpi_env, run_ranks
+from harness import REPO, mpi_env, report_launch, run_ranks, short_command
 
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
 
@@ -42,6 +43,18 @@ def _multi_model_resumed(out):
     resumed = {int(e): float(v) for e, v in _EPOCH_LOSS.findall(out)}
     assert sorted(resumed) == [3, 4], out
     assert max(resumed.values()) < _first_multi_model_losses[0], out
+
+
+def _efficiency_from_measured_baseline(out):
+    baseline = float(re.search(r"Baseline img/sec \(one process, no hvdcompat\): ([0-9.]+)",
+                               out).group(1))
+    total = float(re.search(r"Total img/sec on 2 rank\(s\): ([0-9.]+)", out).group(1))
+    shown = re.search(r"Scaling efficiency vs one process \(([0-9.]+) img/sec, measured in this "
+                      r"job\): (\d+)%", out)
+    assert shown, f"no scaling efficiency against the measured baseline:\n{out}"
+    assert float(shown.group(1)) == baseline, out
+    # The printed figures are rounded; the script divides the unrounded ones.
+    assert abs(int(shown.group(2)) - 100 * total / (2 * baseline)) <= 1, out
 
 
 _BENCH_SHORT = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
@@ -76,8 +89,8 @@ SHORT_SETTINGS = {
           "hierarchical MPI calls in the last engine: 0 "]),
     ],
     "pytorch_synthetic_benchmark.py": [
-        (["--model", "resnet", "--image-size", "16", *_BENCH_SHORT],
-         ["| rank | img/sec", "Total img/sec on 2 rank(s)"]),
+        (["--model", "resnet", "--image-size", "16", "--measure-baseline", *_BENCH_SHORT],
+         ["| rank | img/sec", "Total img/sec on 2 rank(s)", _efficiency_from_measured_baseline]),
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
          ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),
@@ -110,6 +123,7 @@ def _missing_api(name):
 def launch(args, timeout=TIMEOUT):
     """Runs hvdcompatrun with ``args``; returns (exit code, output)."""
     cmd = [sys.executable, "-m", "hvdcompat.runner.launch", *args]
+    start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace",
                             start_new_session=True)
@@ -122,7 +136,11 @@ def launch(args, timeout=TIMEOUT):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
+        report_launch("hvdcompatrun", short_command(args), time.monotonic() - start,
+                      proc.returncode, True)
         pytest.fail(f"{' '.join(args)} timed out after {timeout} s:\n{out}")
+    report_launch("hvdcompatrun", short_command(args), time.monotonic() - start,
+                  proc.returncode, False)
     return proc.returncode, out
 
 
