@@ -349,8 +349,12 @@ def _plan(options, port, addresses, secret, timeout, executable, output_filename
         raise ValueError(f"hvdcompat.run could not launch the job: {e} (num_proc, hosts and "
                          "hostfile are hvdcompatrun's -np, -H and --hostfile)") from None
     if output_filename is not None:
-        tail = len(command)
-        cmd = cmd[:-tail] + _output_filename_args(cmd[0], output_filename) + cmd[-tail:]
+        # mpirun's own flags end where the rank command starts (behind the
+        # launcher's rank supervisor, when it wraps the command).
+        start = len(cmd) - len(command)
+        if start >= 2 and cmd[start - 1] == launch.SUPERVISOR:
+            start -= 2
+        cmd = cmd[:start] + _output_filename_args(cmd[0], output_filename) + cmd[start:]
     return cmd, env
 
 

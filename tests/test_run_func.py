@@ -160,6 +160,6 @@ def test_parameters_become_hvdcompatrun_options():
 def test_an_option_the_launcher_lacks_says_what_to_pass_instead():
     bare = launch.build_parser()
     bare._option_string_actions = {k: v for k, v in bare._option_string_actions.items()
-                                   if "ssh" not in k}
+                                   if "ssh" not in v.dest}
     with pytest.raises(ValueError, match="no --ssh-port option.*mpi_args="):
         run_func._launcher_options(bare, 2, None, None, None, None, {"ssh_port": 2222})

@@ -131,7 +131,7 @@ def split_command(parser, argv):
 
 
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
-_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_supervisor.py")
+SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_supervisor.py")
 # mpirun arguments that change where ranks go; the host list alone then does
 # not say which ranks a lost host ran.
 _MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
@@ -302,9 +302,9 @@ def plan_launch(args, command, environ=None, cwd=None):
     if spec.flavor == "openmpi":
         # Every rank runs under the supervisor that reports how it ended
         # (Note [First failed rank] in rank_supervisor.py).
-        spec.command = [command[0], _SUPERVISOR] + spec.command \
+        spec.command = [command[0], SUPERVISOR] + spec.command \
             if _PYTHON.match(os.path.basename(command[0])) else \
-            [sys.executable, _SUPERVISOR] + spec.command
+            [sys.executable, SUPERVISOR] + spec.command
     try:
         return _mpirun.build_command(mpirun, spec), env
     except ValueError as e:
