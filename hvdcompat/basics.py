@@ -4,7 +4,6 @@ import atexit
 import ctypes
 import importlib
 import importlib.metadata
-import os
 import threading
 
 __all__ = [
@@ -18,13 +17,10 @@ __all__ = [
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
-# Open MPI: a rank waiting inside an MPI call for a peer yields its core
-# instead of spinning on it. The engine's thread shares the cores with the
-# training threads of every rank on the node; spinning there starves the very
-# peer being waited for (ResNet-style CNN, 2 ranks on 2 cores: 170-197 -> 200-310
-# img/s per rank). Set before MPI starts, so it holds for mpi4py imported
-# after hvdcompat as well; OMPI_MCA_mpi_yield_when_idle=0 restores spinning.
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+# No MPI setting is made at import: the engine never blocks inside MPI and
+# waits with its own policy (Note [Engine-owned waiting] in
+# cpp/request_wait.h), so it behaves the same whether hvdcompat, mpi4py or the
+# user started MPI.
 
 
 def _preload_wheel_mpi():

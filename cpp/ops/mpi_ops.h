@@ -9,6 +9,7 @@
 #include "fusion.h"
 #include "mpi_util.h"
 #include "ops/backend.h"
+#include "request_wait.h"
 
 namespace hvdcompat {
 
@@ -24,8 +25,10 @@ namespace hvdcompat {
 // Open MPI allocates a message-sized temporary for large calls (a fresh mmap
 // each time past 32 MiB), so a 64 MiB reduction runs 2-3x faster as 4 MiB
 // calls, and the postscale (1/size for Average) then runs on cache-hot data.
-// Out-of-place reductions copy each chunk to the output and reduce it in
-// place there (in-place calls are the faster kind from 1 MiB up). float16 and
+// Out-of-place reductions without a prescale reduce from the input straight
+// into the output (one pass over each; the library may still stage
+// internally); with a prescale, the scaling pass writes the output and the
+// reduction runs in place there. float16 and
 // bfloat16 always take the streamed path: they are widened to float32 while
 // packing and rounded once while unpacking.
 class MpiBackend : public CollectiveBackend {
@@ -54,6 +57,8 @@ class MpiBackend : public CollectiveBackend {
   void ReduceStreamed(const std::vector<Piece>& pieces, DataType dtype, ReduceOp op, double post);
   // Splits a count past INT_MAX into several calls.
   void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  // Completes a nonblocking call of this backend (Note [Engine-owned waiting]).
+  void Wait(MPI_Request* request, const char* what);
 
   MPI_Comm comm_;
   const MpiOps* ops_;
@@ -62,6 +67,7 @@ class MpiBackend : public CollectiveBackend {
   int64_t chunk_bytes_;
   int64_t inplace_min_bytes_;
   int64_t max_call_bytes_;
+  WaitPolicy wait_;
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
