@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -21,6 +23,28 @@ void Test(MPI_Request* request, MPI_Comm comm, const char* what, int* flag) {
 }
 
 }  // namespace
+
+void PreferRingNonblockingAllreduce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm")) return;
+    int provided = 0;
+    // Each failure below means the tool interface or the variable is not
+    // there: keep the library's default.
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return;
+    int index = -1;
+    if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS) {
+      MPI_T_cvar_handle handle;
+      int count = 0;
+      if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+        const int kRing = 1;  // libnbc's enumeration: 0 automatic, 1 ring, 2 binomial, ...
+        if (count == 1) MPI_T_cvar_write(handle, &kRing);
+        MPI_T_cvar_handle_free(&handle);
+      }
+    }
+    MPI_T_finalize();
+  });
+}
 
 void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, const char* what) {
   using Clock = std::chrono::steady_clock;

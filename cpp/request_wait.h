@@ -33,6 +33,14 @@ struct WaitPolicy {
   }
 };
 
+// Open MPI's nonblocking allreduce (libnbc) picks a binomial tree below 4
+// ranks, which sends the whole buffer twice and runs several times slower
+// than its ring at 1 MiB and up; asks for the ring through the MPI tool
+// interface unless the user chose (OMPI_MCA_coll_libnbc_iallreduce_algorithm).
+// A no-op where the variable does not exist (MPICH, other builds). Once per
+// process; every rank makes the same choice.
+void PreferRingNonblockingAllreduce();
+
 // Completes `request` (throws CommunicationError naming `what` when MPI
 // reports an error on `comm`).
 void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, const char* what);

@@ -4,6 +4,7 @@
     mpirun -np 2 python examples/pytorch_synthetic_benchmark.py          # the same, plain MPI
     python examples/pytorch_synthetic_benchmark.py --no-hvd              # one-process baseline
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --baseline-img-sec 41.5
+    mpirun -np 2 python examples/pytorch_synthetic_benchmark.py --mpi4py-first
 
 Every rank trains the chosen model on one fixed random batch (no data loading,
 so the numbers measure compute plus gradient exchange). Spreads are
@@ -11,16 +12,22 @@ mean ± 1.96·std over the timed iterations. Give the --no-hvd result as
 --baseline-img-sec to get the scaling efficiency: total / (ranks × baseline).
 The models are built in (no torchvision): a ResNet-style CNN, an MLP with
 large layers (communication-heavy) and a small transformer encoder.
+--mpi4py-first starts MPI from mpi4py before hvdcompat is imported, so the
+two import orders can be compared.
 """
 
 import argparse
 import math
 import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if "--mpi4py-first" in sys.argv:
+    from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
 import hvdcompat as hvd
 
@@ -140,6 +147,8 @@ def parse_args():
                    help="the --no-hvd result, to print the scaling efficiency")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per rank (default: cores / ranks on this node)")
+    p.add_argument("--mpi4py-first", action="store_true",
+                   help="start MPI from mpi4py before importing hvdcompat")
     return p.parse_args()
 
 
@@ -193,6 +202,8 @@ def main():
     log(f"Ranks: {size} ({'CUDA' if cuda else 'CPU'}"
         + (f", {torch.get_num_threads()} threads each" if not cuda else "") + ")"
         + (f", fp16 allreduce" if args.fp16_allreduce else ""))
+    if distributed:
+        log(f"MPI started by: {'mpi4py, before hvdcompat' if args.mpi4py_first else 'hvdcompat'}")
     log(f"Running warm-up ({args.num_warmup_batches} batches)...")
     for i in range(args.num_warmup_batches):
         t0 = time.perf_counter()

@@ -44,6 +44,7 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config)
       wait_(WaitPolicy::ForData(config)) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+  PreferRingNonblockingAllreduce();
 }
 
 void MpiBackend::Wait(MPI_Request* request, const char* what) {
