@@ -50,6 +50,8 @@ const std::vector<KnobSpec>& AllKnobs() {
        "While waiting for peers, busy-poll this long before sleeping."},
       {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
        "Longest sleep between polls while waiting for peers."},
+      {Knob::kPollDataYieldMicros, "POLL_DATA_YIELD_MICROS", false, "5000", "us",
+       "While a data collective is in flight, poll (yielding the core) this long before sleeping."},
       {Knob::kEnableAsyncCompletion, "ENABLE_ASYNC_COMPLETION", true, "0", "bool",
        "GPU ops: synchronize() makes the current CUDA stream wait instead of blocking the host."},
       {Knob::kNcclLib, "NCCL_LIB", false, "", "path",
@@ -169,6 +171,7 @@ Config Config::FromEnvironment() {
   c.max_call_bytes = std::max<int64_t>(4096, KnobInt(Knob::kMaxCallBytes));
   c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
+  c.poll_data_yield_micros = KnobInt(Knob::kPollDataYieldMicros);
   c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));
   c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
   c.hierarchical_allgather = KnobBool(Knob::kHierarchicalAllgather);

@@ -30,6 +30,7 @@ enum class Knob : int {
   kMaxCallBytes,
   kPollSpinMicros,
   kPollMaxSleepMicros,
+  kPollDataYieldMicros,
   kEnableAsyncCompletion,
   kNcclLib,
   kCudartLib,
@@ -84,6 +85,7 @@ struct Config {
   int64_t max_call_bytes;          // larger direct reductions are split into calls of this size
   int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
   int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
+  int64_t poll_data_yield_micros;  // data collectives: poll with yields this long before sleeping
   int64_t num_nccl_streams;        // GPU lanes (stream + communicator each), >= 1
   bool hierarchical_allreduce;     // allreduce in three steps over node/cross comms (CPU and GPU)
   bool hierarchical_allgather;     // host allgather in three steps over node/cross comms

@@ -34,9 +34,19 @@ void MpiTransport::Wait(MPI_Request* request, const char* what) {
 
 void MpiTransport::CombineFlags(std::vector<uint64_t>& words) {
   flags_ = words;
+  // One element of `n` words: the combiner reads the words by position, so
+  // the reduction must never be split (see FlagCombineFn).
+  if (flags_type_words_ != flags_.size()) {
+    if (flags_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&flags_type_);
+    flags_type_words_ = 0;
+    HVD_MPI_CHECK(comm_, MPI_Type_contiguous(static_cast<int>(flags_.size()), MPI_UINT64_T,
+                                             &flags_type_));
+    HVD_MPI_CHECK(comm_, MPI_Type_commit(&flags_type_));
+    flags_type_words_ = flags_.size();
+  }
   MPI_Request req;
-  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, flags_.data(), static_cast<int>(flags_.size()),
-                                      MPI_UINT64_T, ops_->flag_combine(), comm_, &req));
+  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, flags_.data(), 1, flags_type_,
+                                      ops_->flag_combine(), comm_, &req));
   Wait(&req, "the negotiation of ready tensors (flags allreduce)");
   words.assign(flags_.begin(), flags_.end());
 }

@@ -44,6 +44,10 @@ class MpiTransport : public ControlTransport {
   int size_ = 1;
   bool abandoned_ = false;
   std::vector<uint64_t> flags_;
+  // Contiguous type of flags_type_words_ words (never freed while a
+  // combine is in flight; kept across cycles).
+  MPI_Datatype flags_type_ = MPI_DATATYPE_NULL;
+  size_t flags_type_words_ = 0;
   std::vector<char> gather_send_;
   std::vector<char> gather_recv_;
   std::vector<char> bcast_first_;

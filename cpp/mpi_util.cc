@@ -78,9 +78,14 @@ std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64
 
 namespace {
 
-void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype*) {
-  FlagWords::Combine(static_cast<uint64_t*>(inout), static_cast<const uint64_t*>(in),
-                     static_cast<size_t>(*len));
+// The cycle words travel as one element of a contiguous type (see
+// MpiTransport::CombineFlags), so an algorithm that splits the vector
+// (Open MPI's ring) never hands this function part of the layout.
+void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  const size_t words = static_cast<size_t>(*len) * static_cast<size_t>(bytes) / sizeof(uint64_t);
+  FlagWords::Combine(static_cast<uint64_t*>(inout), static_cast<const uint64_t*>(in), words);
 }
 
 }  // namespace

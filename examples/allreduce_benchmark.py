@@ -5,6 +5,7 @@
         --sizes 4KiB,64MiB --iters 20
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py --autotune --sizes 4KiB
     hvdcompatrun -np 4 python examples/allreduce_benchmark.py --hierarchical --pseudo-node-size 2
+    mpirun --allow-run-as-root -np 2 python examples/allreduce_benchmark.py --mpi4py-first
 
 Prints, for float32 buffers of each size, the median time of a synchronous
 allreduce (sum) and its algorithm bandwidth (bytes / time), then the
@@ -19,6 +20,10 @@ both are compared bit for bit.
 column and a row; the engine is restarted to switch), --pseudo-node-size K
 splits one host into nodes of K ranks for it (HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE,
 a testing knob: on one host the "inter-node" step is shared memory too).
+Then hvdcompat in place (hvd.allreduce_) against out of place (hvd.allreduce,
+a new output per call), per size and for the ResNet-50 set. --mpi4py-first
+starts MPI from mpi4py before hvdcompat is imported (as scripts that import
+mpi4py first do), so nothing hvdcompat could set at import reaches MPI.
 """
 
 import argparse
@@ -31,6 +36,9 @@ import threading
 import time
 
 import torch
+
+if "--mpi4py-first" in sys.argv:
+    from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
 import hvdcompat as hvd
 
@@ -146,6 +154,22 @@ def hierarchical_engine(on, pseudo_node_size):
     hvd.init()
 
 
+def out_of_place_sizes(sizes, args, barrier, log):
+    """hvdcompat in place (hvd.allreduce_) vs out of place (hvd.allreduce, new output)."""
+    log(f"\n# hvdcompat in place vs out of place (a new output per call), float32 sum")
+    header = f"{'size':>9} | {'in place ms':>11} | {'out of place ms':>15} | {'out/in':>6}"
+    log(header)
+    log("-" * len(header))
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4)
+        name = f"bench.{nbytes}"
+        ti = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters, args.warmup,
+                    barrier)
+        to = timeit(lambda: hvd.allreduce(t, op=hvd.Sum, name=name + ".out"), args.iters,
+                    args.warmup, barrier)
+        log(f"{human(nbytes):>9} | {ti * 1e3:11.3f} | {to * 1e3:15.3f} | {to / ti:6.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4KiB,64KiB,1MiB,4MiB,16MiB,64MiB")
@@ -165,6 +189,10 @@ def main():
                         help="also time the engine with HOROVOD_HIERARCHICAL_ALLREDUCE=1")
     parser.add_argument("--pseudo-node-size", type=int, default=0, metavar="K",
                         help="with --hierarchical: nodes of K consecutive ranks (testing knob)")
+    parser.add_argument("--mpi4py-first", action="store_true",
+                        help="start MPI from mpi4py before importing hvdcompat")
+    parser.add_argument("--no-out-of-place", action="store_true",
+                        help="skip the in-place vs out-of-place rows")
     args = parser.parse_args()
 
     hvd.init()
@@ -184,6 +212,7 @@ def main():
     log(f"# {size} ranks; float32 sum; median of {args.iters} (after {args.warmup} warm-up)")
     log(f"# hvdcompat {hvd.__version__}, {' '.join(hvd.build_info()['mpi_library'].splitlines()[0].split(',')[0].split())}, "
         f"torch {torch.__version__}")
+    log(f"# MPI started by {'mpi4py, before hvdcompat was imported' if args.mpi4py_first else 'hvdcompat'}")
     header = f"{'size':>9} | {'hvdcompat ms':>12} {'GB/s':>6} | {'MPI ms':>8} {'GB/s':>6} |"
     header += f" {'gloo ms':>8} {'GB/s':>6} | {'hvd/MPI':>7}"
     if args.hierarchical:
@@ -218,6 +247,10 @@ def main():
             row += f" | {tt * 1e3:8.3f} {gb(tt):6.2f} | {tt / th:9.2f}"
         log(row)
 
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if not args.no_out_of_place:
+        out_of_place_sizes(sizes, args, barrier, log)
+
     shapes = resnet50_shapes()
     grads = [torch.randn(s) for s in shapes]
     total = sum(g.numel() for g in grads)
@@ -246,15 +279,27 @@ def main():
                 w.wait()
 
         rows.append(("gloo, async per tensor", gloo_set))
+    if not args.no_out_of_place:
+        def hvd_set_out():
+            handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"resnet_out.{i}")
+                       for i, g in enumerate(grads)]
+            for h in handles:
+                hvd.synchronize(h)
+
+        rows.append(("hvdcompat out of place (async, fused)", hvd_set_out))
     if args.hierarchical:
         # Last: the engine is restarted with the hierarchical knob for this row.
         rows.append(("hvdcompat hierarchical (async, fused)", hvd_set))
+    times = {}
     for label, fn in rows:
         if fn is hvd_set and "hierarchical" in label:
             hierarchical_engine(True, args.pseudo_node_size)
         heartbeat.measuring(f"the ResNet-50 set: {label}")
-        sec = timeit(fn, args.resnet_iters, 2, barrier)
+        sec = times[label] = timeit(fn, args.resnet_iters, 2, barrier)
         log(f"{label:>36}: {sec * 1e3:8.2f} ms  ({total * 4 / sec / 1e9:.2f} GB/s)")
+    if not args.no_out_of_place:
+        ratio = times["hvdcompat out of place (async, fused)"] / times["hvdcompat (async, fused)"]
+        log(f"{'out of place / in place':>36}: {ratio:8.2f}")
     stats = hvd.engine_stats()
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "

@@ -6,6 +6,7 @@
     python examples/pytorch_synthetic_benchmark.py --no-hvd              # one process alone
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --baseline-img-sec 41.5
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --autotune  # tuned vs default
+    mpirun --allow-run-as-root -np 2 python examples/pytorch_synthetic_benchmark.py --mpi4py-first
 
 Every rank trains the chosen model on one fixed random batch (no data loading,
 so the numbers measure compute plus gradient exchange). Spreads are
@@ -20,16 +21,22 @@ With --autotune, after the timed iterations an engine restarted with
 HOROVOD_AUTOTUNE=1 searches on the same training loop; then the default engine
 and one started with the values found are timed in alternating rounds, and a
 table compares the two.
+--mpi4py-first starts MPI from mpi4py before hvdcompat is imported, so the
+two import orders can be compared.
 """
 
 import argparse
 import math
 import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if "--mpi4py-first" in sys.argv:
+    from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
 import hvdcompat as hvd
 
@@ -162,6 +169,8 @@ def parse_args():
     p.add_argument("--autotune-log-file", default="")
     p.add_argument("--autotune-rounds", type=int, default=2,
                    help="alternating default/tuned timing rounds")
+    p.add_argument("--mpi4py-first", action="store_true",
+                   help="start MPI from mpi4py before importing hvdcompat")
     args = p.parse_args()
     if args.no_hvd and args.measure_baseline:
         p.error("--measure-baseline is for a distributed run; --no-hvd is the baseline itself")
@@ -325,6 +334,8 @@ def main():
     log(f"Ranks: {size} ({'CUDA' if cuda else 'CPU'}"
         + (f", {torch.get_num_threads()} threads each" if not cuda else "") + ")"
         + (f", fp16 allreduce" if args.fp16_allreduce else ""))
+    if distributed:
+        log(f"MPI started by: {'mpi4py, before hvdcompat' if args.mpi4py_first else 'hvdcompat'}")
     baseline = args.baseline_img_sec
     if args.measure_baseline:
         baseline = measure_baseline(args, device, sync, rank, log)

@@ -20,15 +20,17 @@ _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
 # Note [Waiting ranks yield]
-# Open MPI: a rank waiting inside an MPI call for a peer yields its core
-# instead of spinning on it. The engine's thread shares the cores with the
-# training threads of every rank on the node; spinning there starves the very
-# peer being waited for (ResNet-style CNN, 2 ranks on 2 cores: 170-197 -> 200-310
-# img/s per rank). Set before MPI starts, so it holds for mpi4py imported
-# after hvdcompat as well; OMPI_MCA_mpi_yield_when_idle=0 restores spinning.
-# MPICH (ch4) has the same knob under another name: after a run of polls
-# without progress it sleeps 1 us; MPIR_CVAR_CH4_PROGRESS_THROTTLE=0 restores
-# spinning. Each library ignores the other's variable.
+# The engine's own waits never block inside MPI (Note [Engine-owned waiting]
+# in cpp/request_wait.h), so its speed does not depend on what is set here or
+# on who started MPI. These defaults are for the MPI calls that do block: the
+# user's own (mpi4py) and the few blocking steps left in the engine (Adasum's
+# pairwise exchanges, the hierarchical collectives' node steps). A rank waiting
+# there yields its core instead of spinning on it, which on a node whose cores
+# are all busy with training threads would starve the very peer being waited
+# for. Open MPI: OMPI_MCA_mpi_yield_when_idle=0 restores spinning. MPICH (ch4):
+# after a run of polls without progress it sleeps 1 us;
+# MPIR_CVAR_CH4_PROGRESS_THROTTLE=0 restores spinning. Each library ignores the
+# other's variable; both only apply when MPI starts after this import.
 os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 

@@ -81,7 +81,12 @@ SHORT_SETTINGS = {
     "allreduce_benchmark.py": [
         (["--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--resnet-iters", "1"],
          ["hvdcompat ms", "ResNet-50 gradient set: 161 tensors, 25,557,032 floats",
-          "raw MPI, one Allreduce per tensor", "gloo, async per tensor"]),
+          "raw MPI, one Allreduce per tensor", "gloo, async per tensor",
+          "hvdcompat out of place (async, fused)", "out of place / in place"]),
+        (["--sizes", "4KiB", "--iters", "2", "--warmup", "1", "--resnet-iters", "1", "--no-gloo",
+          "--mpi4py-first"],
+         ["# MPI started by mpi4py, before hvdcompat", "out of place ms",
+          "hvdcompat (async, fused)"]),
         # One host, shared-memory nodes: the hierarchical engine falls back (0 calls).
         (["--sizes", "64KiB", "--iters", "2", "--warmup", "1", "--resnet-iters", "1",
           "--no-gloo", "--hierarchical"],
@@ -91,6 +96,9 @@ SHORT_SETTINGS = {
     "pytorch_synthetic_benchmark.py": [
         (["--model", "resnet", "--image-size", "16", "--measure-baseline", *_BENCH_SHORT],
          ["| rank | img/sec", "Total img/sec on 2 rank(s)", _efficiency_from_measured_baseline]),
+        (["--model", "resnet", "--image-size", "16", "--mpi4py-first", *_BENCH_SHORT],
+         ["MPI started by: mpi4py, before hvdcompat", "| rank | img/sec",
+          "Total img/sec on 2 rank(s)"]),
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
          ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),

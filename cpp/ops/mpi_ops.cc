@@ -44,12 +44,18 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
       inplace_min_bytes_(config.inplace_min_bytes),
       max_call_bytes_(config.max_call_bytes),
       adasum_(comm),
+      wait_(WaitPolicy::ForData(config)),
       stats_(stats) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
   if (config.hierarchical_allreduce || config.hierarchical_allgather) {
     hierarchy_ = std::make_unique<MpiHierarchy>(comm_, config);
   }
+  PreferRingNonblockingAllreduce();
+}
+
+void MpiBackend::Wait(MPI_Request* request, const char* what) {
+  WaitRequest(request, comm_, wait_, what);
 }
 
 MpiBackend::~MpiBackend() = default;
@@ -90,8 +96,10 @@ void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, Dat
       continue;
     }
     const void* src = in == MPI_IN_PLACE ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    HVD_MPI_CHECK(comm_, MPI_Allreduce(src, static_cast<char*>(out) + off * esize, n,
-                                       ops_->Type(dtype), ops_->Op(op), comm_));
+    MPI_Request req;
+    HVD_MPI_CHECK(comm_, MPI_Iallreduce(src, static_cast<char*>(out) + off * esize, n,
+                                        ops_->Type(dtype), ops_->Op(op), comm_, &req));
+    Wait(&req, "allreduce");
   }
 }
 
@@ -106,11 +114,13 @@ void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, doubl
     int64_t n = std::min(step, p.count - off);
     const char* in = p.in + off * esize;
     char* out = p.out + off * esize;
-    if (in != out || p.pre != 1.0) {
-      Timed(p.pre != 1.0 ? "PRESCALE" : "MEMCPY_TO_OUTPUT",
-            [&] { ScaleCopy(out, in, n, dtype, p.pre); });
+    // Without a prescale, reduce from the input into the output directly.
+    const void* src = in == out ? MPI_IN_PLACE : in;
+    if (p.pre != 1.0) {
+      Timed("PRESCALE", [&] { ScaleCopy(out, in, n, dtype, p.pre); });
+      src = MPI_IN_PLACE;
     }
-    Timed("MPI_ALLREDUCE", [&] { AllreduceElements(MPI_IN_PLACE, out, n, dtype, op); });
+    Timed("MPI_ALLREDUCE", [&] { AllreduceElements(src, out, n, dtype, op); });
     if (post != 1.0) {
       Timed("POSTSCALE", [&] { ScaleCopy(out, out, n, dtype, post, PostInDouble(op)); });
     }
@@ -220,8 +230,10 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const size_t n = tensors.size();
   std::vector<int64_t> mine(n), dims(n * size_);
   for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].entry->inputs[tensors[i].index].shape[0];
-  HVD_MPI_CHECK(comm_, MPI_Allgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
-                                     static_cast<int>(n), MPI_INT64_T, comm_));
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Iallgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
+                                      static_cast<int>(n), MPI_INT64_T, comm_, &req));
+  Wait(&req, "allgather of first dimensions");
   // Outputs, allocated here now that every rank's first dimension is known.
   std::vector<char*> outs(n);
   for (size_t i = 0; i < n; ++i) {
@@ -288,8 +300,10 @@ void MpiBackend::AllgathervBlocks(const void* send, int send_count, void* recv,
     if (stats_) stats_->hierarchical_allgathers.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  HVD_MPI_CHECK(comm_, MPI_Allgatherv(send, send_count, type, recv, counts.data(),
-                                      displs.data(), type, comm_));
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Iallgatherv(send, send_count, type, recv, counts.data(),
+                                       displs.data(), type, comm_, &req));
+  Wait(&req, "allgather");
 }
 
 void MpiBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {
@@ -309,8 +323,10 @@ void MpiBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {
   auto bcast = [&](char* p, int64_t len) {
     const int64_t step = INT_MAX / 2;
     for (int64_t off = 0; off < len; off += step) {
-      HVD_MPI_CHECK(comm_, MPI_Bcast(p + off, static_cast<int>(std::min(step, len - off)),
-                                     MPI_BYTE, r.root, comm_));
+      MPI_Request req;
+      HVD_MPI_CHECK(comm_, MPI_Ibcast(p + off, static_cast<int>(std::min(step, len - off)),
+                                      MPI_BYTE, r.root, comm_, &req));
+      Wait(&req, "broadcast");
     }
   };
   if (bufs.size() == 1) {
@@ -379,8 +395,10 @@ void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
       r_at += recv_rows[rk] * row;
     }
     MPI_Datatype type = ops_->Type(r.dtype);
-    HVD_MPI_CHECK(comm_, MPI_Alltoallv(in.data, sc.data(), sd.data(), type, out, rc.data(),
-                                       rd.data(), type, comm_));
+    MPI_Request req;
+    HVD_MPI_CHECK(comm_, MPI_Ialltoallv(in.data, sc.data(), sd.data(), type, out, rc.data(),
+                                        rd.data(), type, comm_, &req));
+    Wait(&req, "alltoall");
     e->result.received_splits.push_back(recv_rows);
   }
 }
@@ -423,7 +441,10 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
       ScaleCopy(scaled, src, total, r.dtype, pre);
       src = scaled;
     }
-    HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(src, tensors[0].out->data, counts.data(), type, op, comm_));
+    MPI_Request req;
+    HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(src, tensors[0].out->data, counts.data(), type, op,
+                                             comm_, &req));
+    Wait(&req, "reducescatter");
     if (post != 1.0) {
       ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post,
                 PostInDouble(r.reduce_op));
@@ -444,7 +465,9 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
     }
   }
   char* recv = scratch_b_.Reserve(static_cast<size_t>(counts[rank_]) * wsize);
-  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(send, recv, counts.data(), type, op, comm_));
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, recv, counts.data(), type, op, comm_, &req));
+  Wait(&req, "fused reducescatter");
   at = 0;
   for (const auto& t : tensors) {
     int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;

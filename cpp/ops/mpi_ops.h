@@ -11,6 +11,7 @@
 #include "mpi_util.h"
 #include "ops/adasum_mpi.h"
 #include "ops/backend.h"
+#include "request_wait.h"
 
 namespace hvdcompat {
 
@@ -28,8 +29,10 @@ class MpiHierarchy;
 // Open MPI allocates a message-sized temporary for large calls (a fresh mmap
 // each time past 32 MiB), so a 64 MiB reduction runs 2-3x faster as 4 MiB
 // calls, and the postscale (1/size for Average) then runs on cache-hot data.
-// Out-of-place reductions copy each chunk to the output and reduce it in
-// place there (in-place calls are the faster kind from 1 MiB up). float16 and
+// Out-of-place reductions without a prescale reduce from the input straight
+// into the output (one pass over each; the library may still stage
+// internally); with a prescale, the scaling pass writes the output and the
+// reduction runs in place there. float16 and
 // bfloat16 always take the streamed path: they are widened to float32 while
 // packing and rounded once while unpacking.
 class MpiBackend : public CollectiveBackend {
@@ -66,6 +69,8 @@ class MpiBackend : public CollectiveBackend {
   // MPI_Allgatherv on comm_, node-aware when HOROVOD_HIERARCHICAL_ALLGATHER applies.
   void AllgathervBlocks(const void* send, int send_count, void* recv, const std::vector<int>& counts,
                         const std::vector<int>& displs, MPI_Datatype type, size_t esize);
+  // Completes a nonblocking call of this backend (Note [Engine-owned waiting]).
+  void Wait(MPI_Request* request, const char* what);
 
   MPI_Comm comm_;
   const MpiOps* ops_;
@@ -75,6 +80,7 @@ class MpiBackend : public CollectiveBackend {
   int64_t inplace_min_bytes_;
   int64_t max_call_bytes_;
   AdasumMpi adasum_;  // op Adasum (Note [Adasum])
+  WaitPolicy wait_;
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;

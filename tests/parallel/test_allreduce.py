@@ -187,6 +187,32 @@ def test_tensor_larger_than_one_mpi_call_is_split_and_exact(op_name):
             assert torch.equal(mine, xs[hvd.rank()]), "out-of-place allreduce changed its input"
 
 
+@pytest.mark.parametrize("pre", [1.0, 0.5], ids=["pre1", "pre0.5"])
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_out_of_place_large_tensors_reduce_from_the_input_into_a_new_output(op_name, pre):
+    # Tensors past HVDCOMPAT_INPLACE_MIN_BYTES skip the fusion buffer: without a
+    # prescale they are reduced from the input straight into the new output.
+    # Every dtype, submitted together; the input must come back unchanged.
+    op = OPS[op_name]
+    lo, hi = (-2, 3) if op == hvd.Product else (-8, 9)
+    count = hvd.basics._core.config()["inplace_min_bytes"] // 2 + 3  # >= the limit for 2+ bytes
+    cases = []
+    for dtype in DTYPES:
+        xs = all_inputs((count,), dtype, ("oop", op_name, dtype_id(dtype), pre), lo=lo, hi=hi)
+        mine = xs[hvd.rank()].clone()
+        h = hvd.allreduce_async(mine, op=op, prescale_factor=pre,
+                                name=f"oop.{op_name}.{dtype_id(dtype)}.{pre}")
+        cases.append((dtype, xs, mine, h))
+    for dtype, xs, mine, h in cases:
+        what = f"out-of-place {op_name} {dtype} x{count} pre={pre}"
+        out = hvd.synchronize(h)
+        assert out.data_ptr() != mine.data_ptr(), f"{what}: returned its input"
+        assert_same(out, expected_reduce(xs, dtype, op, pre),
+                    exact=_exact(dtype, op) and (pre == 1.0 or not dtype.is_floating_point),
+                    what=what)
+        assert_same(mine, xs[hvd.rank()], what=f"{what}: input must stay unchanged")
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_16bit_floats_reduce_in_float32_and_round_once(dtype, inplace):
