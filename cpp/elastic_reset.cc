@@ -1,6 +1,8 @@
 #include "elastic_reset.h"
 
-#include <mpi-ext.h>
+#if defined(OPEN_MPI)
+#include <mpi-ext.h>  // ULFM (MPIX_*); the MPICH family has no such header
+#endif
 
 #include <algorithm>
 #include <map>
