@@ -100,6 +100,24 @@ void AdasumMpi::CombineSegment(char* mine, const char* theirs, int64_t lo, int64
   }
 }
 
+AdasumLayout AdasumLayoutOf(const std::vector<ExecUnit>& units) {
+  AdasumLayout layout;
+  for (const auto& u : units) {
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const int64_t count = ShapeElements(u.unit->shapes[t]);
+      if (u.entry) {
+        layout.pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
+                                 static_cast<char*>(u.entry->outputs[t].data), count});
+      } else {
+        layout.pieces.push_back({nullptr, nullptr, count});
+      }
+      layout.counts.push_back(count);
+      layout.total += count;
+    }
+  }
+  return layout;
+}
+
 void AdasumMpi::ReduceInPlace(void* buf, DataType dtype, const std::vector<int64_t>& counts) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -174,27 +192,10 @@ void AdasumMpi::ReduceShardInPlace(void* shard, DataType dtype, const std::vecto
 void AdasumMpi::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
   const DataType wire = HostReduceType(r.dtype);
   const size_t wsize = DataTypeSize(wire);
-  struct Piece {
-    const char* in;  // null on a joined rank
-    char* out;
-    int64_t count;
-  };
-  std::vector<Piece> pieces;
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (auto& u : units) {
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      const int64_t count = ShapeElements(u.unit->shapes[t]);
-      if (u.entry) {
-        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
-                          static_cast<char*>(u.entry->outputs[t].data), count});
-      } else {
-        pieces.push_back({nullptr, nullptr, count});
-      }
-      counts.push_back(count);
-      total += count;
-    }
-  }
+  const AdasumLayout layout = AdasumLayoutOf(units);
+  const std::vector<AdasumPiece>& pieces = layout.pieces;
+  const std::vector<int64_t>& counts = layout.counts;
+  const int64_t total = layout.total;
   // One float32/float64 tensor is reduced in its output; anything else in
   // a work buffer in the wire type.
   const bool direct = pieces.size() == 1 && wire == r.dtype && pieces[0].in;

@@ -49,6 +49,21 @@ namespace hvdcompat {
 // adjacent ranks keeps the extra traffic between ranks that usually share a
 // node.
 
+// The tensors of one Adasum response in order: where each one's input and
+// output live (both null on a joined rank, whose tensors are zeros, Adasum's
+// identity) and its element count. Shared by the host and the NCCL paths.
+struct AdasumPiece {
+  const char* in;
+  char* out;
+  int64_t count;
+};
+struct AdasumLayout {
+  std::vector<AdasumPiece> pieces;
+  std::vector<int64_t> counts;  // pieces' counts, the per-tensor split of the buffer
+  int64_t total = 0;            // elements in all
+};
+AdasumLayout AdasumLayoutOf(const std::vector<ExecUnit>& units);
+
 // Runs Adasum on one communicator. Worker thread only; every rank of the
 // communicator must call the same reductions in the same order.
 class AdasumMpi {

@@ -38,27 +38,10 @@ void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& unit
   ncclDataType_t type;
   HVD_ENFORCE(NcclReduceType(r.dtype, version_, &type), "no NCCL type");
   const size_t esize = DataTypeSize(r.dtype);
-  struct Piece {
-    const char* in;  // null on a joined rank: zeros, Adasum's identity
-    char* out;
-    int64_t count;
-  };
-  std::vector<Piece> pieces;
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (auto& u : units) {
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      const int64_t count = ShapeElements(u.unit->shapes[t]);
-      if (u.entry) {
-        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
-                          static_cast<char*>(u.entry->outputs[t].data), count});
-      } else {
-        pieces.push_back({nullptr, nullptr, count});
-      }
-      counts.push_back(count);
-      total += count;
-    }
-  }
+  const AdasumLayout layout = AdasumLayoutOf(units);
+  const std::vector<AdasumPiece>& pieces = layout.pieces;
+  const std::vector<int64_t>& counts = layout.counts;
+  const int64_t total = layout.total;
   if (total == 0) return;
   // Every node rank gets an equal shard; the padding belongs to no tensor.
   const int64_t padded = (total + local_size_ - 1) / local_size_ * local_size_;
