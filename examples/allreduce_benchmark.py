@@ -41,6 +41,7 @@ if "--mpi4py-first" in sys.argv:
     from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
 import hvdcompat as hvd
+from _engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart
 
 try:
     from mpi4py import MPI
@@ -314,31 +315,10 @@ def main():
     hvd.shutdown()
 
 
-TUNED_KNOBS = {"HVDCOMPAT_FUSION_THRESHOLD": "fusion_threshold_bytes",
-               "HVDCOMPAT_CYCLE_TIME": "cycle_time_ms",
-               "HVDCOMPAT_FUSION_CHUNK_BYTES": "fusion_chunk_bytes",
-               "HVDCOMPAT_MAX_CALL_BYTES": "max_call_bytes"}
-AUTOTUNE_KNOBS = ("HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-                  "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                  "HOROVOD_AUTOTUNE_LOG")
-
-
 def settings():
     s = hvd.engine_stats()
     return (f"{human(s['fusion_threshold_bytes']):>9} {s['cycle_time_ms']:6.1f} "
             f"{human(s['fusion_chunk_bytes']):>8} {human(s['max_call_bytes']):>8}")
-
-
-def restart(launch_env, **env):
-    """Restarts the engine on the launch's environment plus `env` (knobs are read at init)."""
-    hvd.shutdown()
-    for k, v in launch_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    os.environ.update(env)
-    hvd.init()
 
 
 def compare_autotune(args, shapes, log):

@@ -39,6 +39,7 @@ if "--mpi4py-first" in sys.argv:
     from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
 import hvdcompat as hvd
+from _engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart
 
 
 # ----------------------------------------------------------------------------- models
@@ -249,32 +250,11 @@ def measure_baseline(args, device, sync, rank, log):
                          name="benchmark.baseline").item()
 
 
-TUNED_KNOBS = {"HVDCOMPAT_FUSION_THRESHOLD": "fusion_threshold_bytes",
-               "HVDCOMPAT_CYCLE_TIME": "cycle_time_ms",
-               "HVDCOMPAT_FUSION_CHUNK_BYTES": "fusion_chunk_bytes",
-               "HVDCOMPAT_MAX_CALL_BYTES": "max_call_bytes"}
-AUTOTUNE_KNOBS = ("HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-                  "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                  "HOROVOD_AUTOTUNE_LOG")
-
-
 def engine_settings():
     s = hvd.engine_stats()
     mib = lambda n: f"{n / (1 << 20):g} MiB"  # noqa: E731
     return (f"fusion {mib(s['fusion_threshold_bytes'])}, cycle {s['cycle_time_ms']:g} ms, "
             f"chunk {mib(s['fusion_chunk_bytes'])}, call split {mib(s['max_call_bytes'])}")
-
-
-def restart(launch_env, **env):
-    """Restarts the engine on the launch's environment plus `env` (knobs are read at init)."""
-    hvd.shutdown()
-    for k, v in launch_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    os.environ.update(env)
-    hvd.init()
 
 
 def train_until_tuned(train_batch, log):

@@ -119,7 +119,9 @@ SHORT_SETTINGS = {
 }
 
 
-EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "examples", "*.py")))
+# Files starting with "_" are helpers the examples import, not examples.
+EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "examples", "*.py"))
+                  if not os.path.basename(p).startswith("_"))
 
 
 def _missing_api(name):
