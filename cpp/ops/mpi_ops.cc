@@ -89,9 +89,15 @@ void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, Dat
   const int64_t step = INT_MAX / 2;
   for (int64_t off = 0; off < count; off += step) {
     int n = static_cast<int>(std::min(step, count - off));
-    if (in == MPI_IN_PLACE && hierarchy_ && hierarchy_->UseAllreduce(n)) {
-      hierarchy_->Allreduce(static_cast<char*>(out) + off * esize, n, ops_->Type(dtype), esize,
-                            ops_->Op(op));
+    // Whether a call goes node-aware depends on its size alone, never on
+    // whether this rank reduces in place: a joined rank reduces its zeros in
+    // place while the others read their inputs, and every rank must make the
+    // same calls.
+    if (hierarchy_ && hierarchy_->UseAllreduce(n)) {
+      char* dst = static_cast<char*>(out) + off * esize;
+      if (in != MPI_IN_PLACE) std::memcpy(dst, static_cast<const char*>(in) + off * esize,
+                                          static_cast<size_t>(n) * esize);
+      hierarchy_->Allreduce(dst, n, ops_->Type(dtype), esize, ops_->Op(op));
       if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
