@@ -28,9 +28,13 @@ __all__ = ["MpirunNotFound", "LaunchSpec", "find_mpirun", "mpi_flavor", "physica
 # an abort of the whole job. ULFM runs over the TCP and self transports only
 # (no shared-memory or UCX fast paths), which is the price paid in bandwidth.
 # The heartbeat detector (its own thread in every rank) notices a peer whose
-# host stopped answering, not only one whose process ended.
+# host stopped answering, not only one whose process ended. Its timeout is
+# raised from Open MPI's 10 s to 20 s: with more ranks than cores, a rank
+# importing torch missed its heartbeats for 10 s and was declared dead (it
+# then aborts itself); a lost host is still reported well inside 30 s.
 FAULT_TOLERANT_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
-                       "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true"]
+                       "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+                       "--mca", "mpi_ft_detector_timeout", "20"]
 
 # Note [Lost hosts]: a host whose link fails sends nothing more, and its TCP
 # connections stay open; without keepalive probes the launcher's connection to

@@ -138,7 +138,8 @@ def test_fault_tolerant_arguments():
     assert cmd[i:i + len(FAULT_TOLERANT_ARGS)] == FAULT_TOLERANT_ARGS
     assert FAULT_TOLERANT_ARGS == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
                                    "--mca", "mpi_ft_detector", "true",
-                                   "--mca", "mpi_ft_detector_thread", "true"]
+                                   "--mca", "mpi_ft_detector_thread", "true",
+                                   "--mca", "mpi_ft_detector_timeout", "20"]
     with pytest.raises(ValueError, match="needs Open MPI 5"):
         build_command("mpiexec", _spec(fault_tolerant=True, flavor="mpich"))
 
