@@ -21,7 +21,7 @@ _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 # Note [Waiting ranks yield]
 # The engine's own waits never block inside MPI (Note [Engine-owned waiting]
-# in cpp/request_wait.h), so its speed does not depend on what is set here or
+# in cpp/transport/request_wait.h), so its speed does not depend on what is set here or
 # on who started MPI. These defaults are for the MPI calls that do block: the
 # user's own (mpi4py) and the few blocking steps left in the engine (Adasum's
 # pairwise exchanges, the hierarchical collectives' node steps). A rank waiting

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "common.h"
+#include "core/common.h"
 
 namespace hvdcompat {
 

@@ -4,7 +4,7 @@
 #include <limits>
 #include <sstream>
 
-#include "common.h"
+#include "core/common.h"
 
 namespace hvdcompat {
 

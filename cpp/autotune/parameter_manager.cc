@@ -8,8 +8,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "common.h"
-#include "logging.h"
+#include "core/common.h"
+#include "core/logging.h"
 
 namespace hvdcompat {
 

@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "autotune/bayesian_optimizer.h"
-#include "autotune/tuned_params.h"
-#include "env.h"
+#include "core/tuned_params.h"
+#include "core/env.h"
 
 namespace hvdcompat {
 

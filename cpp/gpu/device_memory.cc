@@ -7,8 +7,8 @@
 #include "gpu/gpu_check.h"
 #include "gpu/gpu_events.h"
 #include "gpu/gpu_library.h"
-#include "logging.h"
-#include "tensor_entry.h"
+#include "core/logging.h"
+#include "core/tensor_entry.h"
 
 namespace hvdcompat {
 

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <vector>
 
-#include "common.h"
+#include "core/common.h"
 #include "cuda/cuda_runtime_min.h"
-#include "message.h"
+#include "core/message.h"
 
 namespace hvdcompat {
 

@@ -4,7 +4,7 @@
 // HorovodInternalError for the affected ops.
 #pragma once
 
-#include "common.h"
+#include "core/common.h"
 #include "cuda/cuda_runtime_min.h"
 #include "nccl/nccl_min.h"
 

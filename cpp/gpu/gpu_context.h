@@ -10,8 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "device_sync.h"
-#include "env.h"
+#include "core/device_sync.h"
+#include "core/env.h"
 #include "gpu/gpu_events.h"
 
 namespace hvdcompat {

@@ -7,7 +7,7 @@
 
 #include "gpu/device_memory.h"
 #include "gpu/gpu_check.h"
-#include "tensor_entry.h"
+#include "core/tensor_entry.h"
 
 namespace hvdcompat {
 

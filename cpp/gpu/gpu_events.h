@@ -1,6 +1,6 @@
 // CUDA events and device selection for the GPU data plane: a device guard,
 // a pool of events, the producer-side ReadyEvent and the consumer-side
-// DeviceCompletion (cpp/device_sync.h).
+// DeviceCompletion (cpp/core/device_sync.h).
 #pragma once
 
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "device_sync.h"
+#include "core/device_sync.h"
 #include "gpu/gpu_library.h"
 
 namespace hvdcompat {

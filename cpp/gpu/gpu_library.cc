@@ -6,8 +6,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "common.h"
-#include "env.h"
+#include "core/common.h"
+#include "core/env.h"
 #include "gpu/gpu_check.h"
 
 namespace hvdcompat {

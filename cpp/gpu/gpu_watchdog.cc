@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "logging.h"
+#include "core/logging.h"
 
 namespace hvdcompat {
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "device_sync.h"
+#include "core/device_sync.h"
 #include "gpu/gpu_events.h"
 
 namespace hvdcompat {

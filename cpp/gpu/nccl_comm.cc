@@ -4,8 +4,8 @@
 #include <map>
 
 #include "gpu/gpu_check.h"
-#include "logging.h"
-#include "mpi_util.h"
+#include "core/logging.h"
+#include "transport/mpi_util.h"
 
 namespace hvdcompat {
 

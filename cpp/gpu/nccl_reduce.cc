@@ -2,7 +2,7 @@
 
 #include "gpu/gpu_check.h"
 #include "gpu/gpu_library.h"
-#include "half.h"
+#include "core/half.h"
 
 namespace hvdcompat {
 

@@ -3,8 +3,8 @@
 // See Note [NCCL lanes] (cpp/ops/nccl_ops.h) for what falls back to the host.
 #pragma once
 
-#include "common.h"
-#include "message.h"
+#include "core/common.h"
+#include "core/message.h"
 #include "nccl/nccl_min.h"
 
 namespace hvdcompat {

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common.h"
+#include "core/common.h"
 
 namespace hvdcompat {
 

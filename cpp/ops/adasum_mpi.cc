@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu_kernels.h"
-#include "mpi_util.h"
+#include "ops/cpu_kernels.h"
+#include "transport/mpi_util.h"
 
 namespace hvdcompat {
 

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "fusion.h"
+#include "negotiation/fusion.h"
 #include "ops/adasum_kernels.h"
 #include "ops/backend.h"
 

@@ -6,9 +6,9 @@
 #include <chrono>
 #include <vector>
 
-#include "autotune/tuned_params.h"
-#include "message.h"
-#include "tensor_entry.h"
+#include "core/tuned_params.h"
+#include "core/message.h"
+#include "core/tensor_entry.h"
 
 namespace hvdcompat {
 

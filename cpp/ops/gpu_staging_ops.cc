@@ -1,7 +1,7 @@
 #include "ops/gpu_staging_ops.h"
 
 #include "gpu/gpu_check.h"
-#include "logging.h"
+#include "core/logging.h"
 
 namespace hvdcompat {
 

@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "logging.h"
-#include "mpi_util.h"
+#include "core/logging.h"
+#include "transport/mpi_util.h"
 
 namespace hvdcompat {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "env.h"
-#include "fusion.h"
+#include "core/env.h"
+#include "negotiation/fusion.h"
 
 namespace hvdcompat {
 

@@ -3,7 +3,7 @@
 #include <climits>
 #include <cstring>
 
-#include "cpu_kernels.h"
+#include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
 
 namespace hvdcompat {

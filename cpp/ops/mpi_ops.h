@@ -5,13 +5,13 @@
 
 #include <memory>
 
-#include "engine_stats.h"
-#include "env.h"
-#include "fusion.h"
-#include "mpi_util.h"
+#include "core/engine_stats.h"
+#include "core/env.h"
+#include "negotiation/fusion.h"
+#include "transport/mpi_util.h"
 #include "ops/adasum_mpi.h"
 #include "ops/backend.h"
-#include "request_wait.h"
+#include "transport/request_wait.h"
 
 namespace hvdcompat {
 

@@ -1,10 +1,10 @@
 // NcclBackend's Adasum allreduce: Note [GPU Adasum] (ops/nccl_ops.h).
 #include <cstring>
 
-#include "cpu_kernels.h"
+#include "ops/cpu_kernels.h"
 #include "gpu/gpu_check.h"
 #include "gpu/gpu_library.h"
-#include "mpi_util.h"
+#include "transport/mpi_util.h"
 #include "ops/nccl_ops.h"
 
 namespace hvdcompat {

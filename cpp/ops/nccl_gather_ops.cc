@@ -6,7 +6,7 @@
 #include <climits>
 
 #include "gpu/gpu_check.h"
-#include "mpi_util.h"
+#include "transport/mpi_util.h"
 #include "ops/mpi_ops.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/nccl_ops.h"

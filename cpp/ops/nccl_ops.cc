@@ -7,11 +7,11 @@
 #include <map>
 #include <sstream>
 
-#include "cpu_kernels.h"
+#include "ops/cpu_kernels.h"
 #include "gpu/gpu_check.h"
 #include "gpu/nccl_reduce.h"
-#include "logging.h"
-#include "mpi_util.h"
+#include "core/logging.h"
+#include "transport/mpi_util.h"
 
 namespace hvdcompat {
 

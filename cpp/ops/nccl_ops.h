@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "env.h"
+#include "core/env.h"
 #include "gpu/device_memory.h"
 #include "gpu/gpu_context.h"
 #include "gpu/gpu_watchdog.h"

@@ -1,0 +1,206 @@
+#include "core/env.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "core/common.h"
+
+namespace hvdcompat {
+
+const std::vector<KnobSpec>& AllKnobs() {
+  static const std::vector<KnobSpec> knobs = {
+      {Knob::kFusionThreshold, "FUSION_THRESHOLD", true, "134217728", "bytes",
+       "Fuse small tensors into one collective up to this many bytes (0 disables fusion)."},
+      {Knob::kCycleTimeMs, "CYCLE_TIME", true, "0", "ms",
+       "After the engine wakes up, wait this long for more tensors before negotiating."},
+      {Knob::kCacheCapacity, "CACHE_CAPACITY", true, "1024", "entries",
+       "Response cache size; steady-state negotiation sends only ready bits (0 disables)."},
+      {Knob::kStallCheckTimeSeconds, "STALL_CHECK_TIME_SECONDS", true, "60", "s",
+       "Warn when a tensor has been submitted by some ranks but not others for this long."},
+      {Knob::kStallShutdownTimeSeconds, "STALL_SHUTDOWN_TIME_SECONDS", true, "0", "s",
+       "Fail stalled operations with an error after this long (0 never)."},
+      {Knob::kStallCheckDisable, "STALL_CHECK_DISABLE", true, "0", "bool",
+       "Disable the stall inspector."},
+      {Knob::kTimeline, "TIMELINE", true, "", "path",
+       "Write a Chrome-trace timeline to this file (DYNAMIC: start with hvd.start_timeline)."},
+      {Knob::kTimelineMarkCycles, "TIMELINE_MARK_CYCLES", true, "0", "bool",
+       "Mark each negotiation cycle in the timeline."},
+      {Knob::kLogLevel, "LOG_LEVEL", true, "warning", "level",
+       "trace, debug, info, warning, error or fatal."},
+      {Knob::kLogHideTime, "LOG_HIDE_TIME", true, "0", "bool",
+       "Omit timestamps from log lines."},
+      {Knob::kNumNcclStreams, "NUM_NCCL_STREAMS", true, "1", "streams",
+       "Parallel NCCL streams/communicators for GPU collectives."},
+      {Knob::kHierarchicalAllreduce, "HIERARCHICAL_ALLREDUCE", true, "0", "bool",
+       "Allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather "
+       "(host tensors over MPI, CUDA tensors over NCCL)."},
+      {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
+       "Backend for CUDA tensors; MPI stages through host memory."},
+      {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
+       "Allow hvd.add_process_set/remove_process_set after init."},
+      {Knob::kFusionChunkBytes, "FUSION_CHUNK_BYTES", false, "1048576", "bytes",
+       "Pack/reduce/unpack of a fused buffer is pipelined in chunks of this size."},
+      {Knob::kInPlaceMinBytes, "INPLACE_MIN_BYTES", false, "262144", "bytes",
+       "Tensors at least this large are reduced in place, without the fusion copy."},
+      {Knob::kMaxCallBytes, "MAX_CALL_BYTES", false, "16777216", "bytes",
+       "Larger in-place reductions are split into equal MPI calls of at most this size."},
+      {Knob::kPollSpinMicros, "POLL_SPIN_MICROS", false, "50", "us",
+       "While waiting for peers, busy-poll this long before sleeping."},
+      {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
+       "Longest sleep between polls while waiting for peers."},
+      {Knob::kPollDataYieldMicros, "POLL_DATA_YIELD_MICROS", false, "5000", "us",
+       "While a data collective is in flight, poll (yielding the core) this long before sleeping."},
+      {Knob::kEnableAsyncCompletion, "ENABLE_ASYNC_COMPLETION", true, "0", "bool",
+       "GPU ops: synchronize() makes the current CUDA stream wait instead of blocking the host."},
+      {Knob::kNcclLib, "NCCL_LIB", false, "", "path",
+       "libnccl to load (default: torch's copy, the nvidia-nccl wheel, then the system's)."},
+      {Knob::kCudartLib, "CUDART_LIB", false, "", "path",
+       "libcudart to load (default: torch's copy, the nvidia-cuda-runtime wheel, the system's)."},
+      {Knob::kHierarchicalLocalSize, "HIERARCHICAL_LOCAL_SIZE", false, "0", "ranks",
+       "For testing: nodes of the hierarchical collectives are ranks r with equal r / N "
+       "(0: ranks sharing memory)."},
+      {Knob::kAutotune, "AUTOTUNE", true, "0", "bool",
+       "Search fusion threshold, cycle time, chunk size and call split while training."},
+      {Knob::kAutotuneLog, "AUTOTUNE_LOG", true, "", "path",
+       "Rank 0 writes every configuration the autotuner scored, and the best, to this CSV."},
+      {Knob::kAutotuneWarmupSamples, "AUTOTUNE_WARMUP_SAMPLES", true, "3", "samples",
+       "Autotune: scores of the starting configuration discarded before the search."},
+      {Knob::kAutotuneStepsPerSample, "AUTOTUNE_STEPS_PER_SAMPLE", true, "10", "steps",
+       "Autotune: training steps per sample (a configuration's score is a median of 5)."},
+      {Knob::kAutotuneBayesOptMaxSamples, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", true, "20", "samples",
+       "Autotune: configurations scored by the Bayesian optimisation before it stops."},
+      {Knob::kAutotuneGaussianProcessNoise, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", true, "0.8", "sd",
+       "Autotune: score noise assumed by the Gaussian process, in units of the scores' spread."},
+      {Knob::kHierarchicalAllgather, "HIERARCHICAL_ALLGATHER", true, "0", "bool",
+       "Host allgather as gather to each node's first rank, allgather among those, "
+       "intra-node broadcast."},
+      // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
+      {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
+       "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
+      {Knob::kElasticResetLimit, "ELASTIC_RESET_LIMIT", false, "", "resets",
+       "hvd.elastic.run fails after this many resets (--reset-limit; empty: no limit)."},
+      {Knob::kElasticDir, "ELASTIC_DIR", false, "", "path",
+       "Directory of the elastic driver's host notices and the ranks' completion marks."},
+      {Knob::kElasticHost, "ELASTIC_HOST", false, "", "name",
+       "This rank's host name as host discovery lists it (default: the machine's name)."},
+  };
+  return knobs;
+}
+
+const KnobSpec& SpecOf(Knob knob) {
+  for (const auto& k : AllKnobs()) {
+    if (k.knob == knob) return k;
+  }
+  throw InternalError("knob without a declaration");
+}
+
+std::string KnobString(Knob knob, std::string* source) {
+  const KnobSpec& spec = SpecOf(knob);
+  std::string ours = std::string("HVDCOMPAT_") + spec.suffix;
+  if (const char* v = std::getenv(ours.c_str())) {
+    if (source) *source = ours;
+    return v;
+  }
+  if (spec.horovod_alias) {
+    std::string theirs = std::string("HOROVOD_") + spec.suffix;
+    if (const char* v = std::getenv(theirs.c_str())) {
+      if (source) *source = theirs;
+      return v;
+    }
+  }
+  if (source) *source = std::string("default of HVDCOMPAT_") + spec.suffix;
+  return spec.default_value;
+}
+
+bool KnobExplicit(Knob knob) {
+  const KnobSpec& spec = SpecOf(knob);
+  if (std::getenv((std::string("HVDCOMPAT_") + spec.suffix).c_str())) return true;
+  return spec.horovod_alias && std::getenv((std::string("HOROVOD_") + spec.suffix).c_str());
+}
+
+namespace {
+
+[[noreturn]] void BadValue(Knob knob, const std::string& value, const std::string& source,
+                           const char* expected) {
+  throw InvalidArgument(source + "=" + value + " is not valid: expected " + expected + " (" +
+                        SpecOf(knob).help + ")");
+}
+
+}  // namespace
+
+int64_t KnobInt(Knob knob) { return static_cast<int64_t>(KnobDouble(knob)); }
+
+double KnobDouble(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  try {
+    size_t used = 0;
+    // Accept "1e6"-style values too: some launch scripts write thresholds so.
+    double d = std::stod(v, &used);
+    if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
+    return d;
+  } catch (const std::logic_error&) {
+    BadValue(knob, v, source, "a non-negative number");
+  }
+}
+
+bool KnobBool(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  BadValue(knob, v, source, "0/1, true/false, yes/no or on/off");
+}
+
+Config Config::FromEnvironment() {
+  Config c;
+  c.fusion_threshold_bytes = KnobInt(Knob::kFusionThreshold);
+  c.cycle_time_ms = KnobDouble(Knob::kCycleTimeMs);
+  c.cache_capacity = KnobInt(Knob::kCacheCapacity);
+  c.stall_check_seconds =
+      KnobBool(Knob::kStallCheckDisable) ? 0.0 : KnobDouble(Knob::kStallCheckTimeSeconds);
+  c.stall_shutdown_seconds = KnobDouble(Knob::kStallShutdownTimeSeconds);
+  c.timeline_path = KnobString(Knob::kTimeline);
+  c.timeline_mark_cycles = KnobBool(Knob::kTimelineMarkCycles);
+  c.fusion_chunk_bytes = KnobInt(Knob::kFusionChunkBytes);
+  if (c.fusion_chunk_bytes < 4096) c.fusion_chunk_bytes = 4096;
+  c.inplace_min_bytes = KnobInt(Knob::kInPlaceMinBytes);
+  c.max_call_bytes = std::max<int64_t>(4096, KnobInt(Knob::kMaxCallBytes));
+  c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
+  c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
+  c.poll_data_yield_micros = KnobInt(Knob::kPollDataYieldMicros);
+  c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));
+  c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
+  c.hierarchical_allgather = KnobBool(Knob::kHierarchicalAllgather);
+  c.hierarchical_local_size = KnobInt(Knob::kHierarchicalLocalSize);
+  c.async_completion = KnobBool(Knob::kEnableAsyncCompletion);
+  std::string source;
+  std::string ops = KnobString(Knob::kGpuOperations, &source);
+  for (auto& ch : ops) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (ops.empty()) ops = "NCCL";
+  if (ops != "NCCL" && ops != "MPI") {
+    throw InvalidArgument(source + "=" + ops + " is not valid: expected NCCL or MPI (" +
+                          SpecOf(Knob::kGpuOperations).help + ")");
+  }
+  c.gpu_operations_mpi = ops == "MPI";
+  c.autotune = KnobBool(Knob::kAutotune);
+  c.autotune_log = KnobString(Knob::kAutotuneLog);
+  c.autotune_warmup_samples = KnobInt(Knob::kAutotuneWarmupSamples);
+  c.autotune_steps_per_sample = KnobInt(Knob::kAutotuneStepsPerSample);
+  c.autotune_bayes_opt_max_samples = KnobInt(Knob::kAutotuneBayesOptMaxSamples);
+  c.autotune_gaussian_process_noise = KnobDouble(Knob::kAutotuneGaussianProcessNoise);
+  // Checked here, on every rank alike, so a bad value fails every rank's init.
+  for (Knob k : {Knob::kAutotuneStepsPerSample, Knob::kAutotuneBayesOptMaxSamples}) {
+    if (KnobInt(k) < 1) {
+      std::string source;
+      std::string v = KnobString(k, &source);
+      BadValue(k, v, source, "an integer of at least 1");
+    }
+  }
+  return c;
+}
+
+}  // namespace hvdcompat

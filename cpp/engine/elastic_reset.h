@@ -1,0 +1,51 @@
+// Elastic reset: rebuilds a runtime from the processes that survived a
+// failure, in place (no process restart). See Note [Elastic reset].
+//
+// Thread: called by the one API thread that runs hvd.elastic's reset, with
+// the GIL released and no other API call using the old runtime's
+// communicators; collective over every surviving process of the old world.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/runtime.h"
+
+namespace hvdcompat {
+
+// Note [Elastic reset]
+// A lost rank surfaces as a failed MPI call on some survivor's worker, which
+// revokes that worker's communicator (FailedRanks), so every other member's
+// pending and later calls on it fail too and every survivor sees
+// HorovodInternalError. hvd.elastic.run then calls the reset on every
+// survivor:
+//  1. Stop the old runtime: every worker fails what is still pending and its
+//     thread exits (calls on revoked communicators return at once).
+//  2. MPIX_Comm_shrink the old world communicator: an agreement among the
+//     survivors on who is left. The new communicator keeps the survivors'
+//     relative order, so the oldest survivor becomes rank 0.
+//  3. Build a new Runtime on it: fresh global/local/cross communicators,
+//     workers, response caches; each process set is registered again with
+//     its surviving members (same id), and dropped when none survives.
+// Without a failure the shrink is a plain agreement and the world keeps its
+// size (resets after HostsUpdatedInterrupt take the same path).
+
+// Whether the MPI library was built with ULFM and it is enabled for this run
+// (`mpirun --with-ft ulfm`).
+bool FaultToleranceEnabled();
+
+struct ResetResult {
+  std::shared_ptr<Runtime> runtime;  // the rebuilt runtime
+  MPI_Comm world = MPI_COMM_NULL;    // the survivors' communicator (caller owns)
+  std::vector<int> survivors;        // their ranks in the old world, in new-rank order
+};
+
+// Steps 1-3 of Note [Elastic reset]. `old` is stopped but left alive for
+// threads still holding it. Throws CommunicationError when the shrink fails
+// and LibraryError when fault tolerance is not enabled while ranks are lost.
+ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old);
+
+}  // namespace hvdcompat

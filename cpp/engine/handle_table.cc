@@ -1,0 +1,80 @@
+#include "engine/handle_table.h"
+
+#include <sched.h>
+
+#include <chrono>
+
+namespace hvdcompat {
+
+int HandleTable::Create() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int h = next_++;
+  if (next_ < 0) next_ = 0;  // wrap-around after 2^31 handles
+  states_[h] = std::make_shared<State>();
+  return h;
+}
+
+std::shared_ptr<HandleTable::State> HandleTable::Find(int handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  return it == states_.end() ? nullptr : it->second;
+}
+
+void HandleTable::Complete(int handle, HandleResult result) {
+  auto s = Find(handle);
+  if (!s) return;
+  s->result = std::move(result);
+  {
+    // Publish under the lock so a waiter cannot miss the notification.
+    std::lock_guard<std::mutex> lock(mu_);
+    s->done.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+bool HandleTable::Poll(int handle) const {
+  auto s = Find(handle);
+  if (!s) throw InvalidArgument("poll: handle " + std::to_string(handle) +
+                                " is unknown (never created, or already synchronized)");
+  if (!s->done.load(std::memory_order_acquire)) return false;
+  // Device ops are done once their device work is (or failed).
+  std::shared_ptr<DeviceCompletion> device_done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_done = s->result.device_done;
+  }
+  return !device_done || device_done->Done();
+}
+
+HandleResult HandleTable::Wait(int handle) {
+  auto s = Find(handle);
+  if (!s) throw InvalidArgument("synchronize: handle " + std::to_string(handle) +
+                                " is unknown (never created, or already synchronized)");
+  // A short spin catches fast collectives without a sleep/wake round trip.
+  auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(wait_spin_micros_);
+  while (!s->done.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < spin_until) {
+    sched_yield();
+  }
+  HandleResult result;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return s->done.load(std::memory_order_acquire); });
+    states_.erase(handle);
+    // Under the lock: Poll may be reading the result's device completion.
+    result = std::move(s->result);
+  }
+  return result;
+}
+
+void HandleTable::Discard(int handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  states_.erase(handle);
+}
+
+size_t HandleTable::NumOutstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return states_.size();
+}
+
+}  // namespace hvdcompat

@@ -1,0 +1,128 @@
+// One process set's engine: its communicator, negotiation state (controller,
+// response cache, coordinator on set rank 0), data-plane backends and the
+// background thread that runs them. Sets never share a thread or a
+// communicator, so two sets' traffic does not serialise.
+//
+// Threads: Enqueue/Shutdown are called by API threads; everything else runs
+// on the worker thread. Completion callbacks (HandleTable::Complete) run
+// without holding the worker's lock.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "autotune/parameter_manager.h"
+#include "negotiation/controller.h"
+#include "core/engine_stats.h"
+#include "core/env.h"
+#include "gpu/gpu_context.h"
+#include "engine/handle_table.h"
+#include "transport/mpi_transport.h"
+#include "ops/backend.h"
+#include "transport/poller.h"
+#include "negotiation/stall_inspector.h"
+#include "engine/timeline.h"
+
+namespace hvdcompat {
+
+class ProcessSetWorker {
+ public:
+  // Takes ownership of `comm` (freed when the worker is destroyed).
+  // `timeline` (may be inactive), `stats` and `gpu` (may be null: host
+  // buffers only) must outlive the worker.
+  ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks, const Config& config,
+                   HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats,
+                   Timeline* timeline, GpuContext* gpu = nullptr);
+  ~ProcessSetWorker();
+  ProcessSetWorker(const ProcessSetWorker&) = delete;
+  ProcessSetWorker& operator=(const ProcessSetWorker&) = delete;
+
+  int id() const { return id_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  // Hands an op to the worker; its handle completes later. Throws
+  // InvalidArgument when an op with the same name is still in flight. After
+  // the worker stopped, the handle completes at once with the reason.
+  void Enqueue(std::unique_ptr<TensorEntry> entry);
+
+  // Tells the other ranks of the set (one last negotiation cycle), fails
+  // whatever is still pending, and joins the thread. Idempotent.
+  void Shutdown();
+
+ private:
+  void Loop();
+  void Execute(std::vector<Response> responses);
+  void Complete(std::unique_ptr<TensorEntry> entry, Status status);
+  void CompleteByName(const std::string& name, const Status& status);
+  void FailEverything(const Status& status);
+  // Stall reporting; may end the worker when HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passes.
+  void InspectStalls(Clock::time_point now);
+  std::vector<StallInspector::Pending> PendingWaits(Clock::time_point now) const;
+  std::string DescribeFailure(const std::exception& e) const;
+  void RecordNegotiated(const std::vector<Response>& responses, Clock::time_point now);
+  // Autotune (global set only): switch to negotiated settings; feed the
+  // coordinator's tuner what a cycle executed.
+  void ApplyTuning(const TunedParams& params);
+  void ScoreCycle(const std::vector<std::string>& names, int64_t bytes);
+
+  class TimelineSink : public ActivitySink {
+   public:
+    TimelineSink(Timeline* t, int pid) : timeline_(t), pid_(pid) {}
+    bool enabled() const override { return timeline_->active(); }
+    void Record(const char* phase, Clock::time_point s, Clock::time_point e) override {
+      timeline_->Span(pid_, "engine", phase, s, e);
+    }
+
+   private:
+    Timeline* timeline_;
+    int pid_;
+  };
+
+  const int id_;
+  MPI_Comm comm_;
+  std::vector<int> global_ranks_;
+  Config config_;
+  HandleTable* handles_;
+  EngineStats* stats_;
+  Timeline* timeline_;
+  TimelineSink timeline_sink_;
+  int rank_ = 0;
+
+  std::atomic<bool> abort_{false};
+  std::atomic<bool> pending_hint_{false};  // set with incoming_/shutdown, read without the lock
+  Poller poller_;
+  MpiTransport transport_;
+  Controller controller_;
+  StallInspector stall_;
+  std::vector<std::unique_ptr<CollectiveBackend>> backends_;
+
+  // Guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<TensorEntry>> incoming_;
+  std::unordered_set<std::string> in_flight_;
+  bool shutdown_requested_ = false;
+  bool stopped_ = false;
+  Status stop_status_;
+
+  // Worker thread only.
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  std::string stall_failure_;  // set when the stall shutdown time passed
+  std::unique_ptr<ParameterManager> tuner_;  // global set rank 0 with HOROVOD_AUTOTUNE=1
+
+  std::thread thread_;
+};
+
+}  // namespace hvdcompat

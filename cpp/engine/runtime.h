@@ -1,0 +1,112 @@
+// The one object that owns a running engine: MPI context, handle table,
+// statistics and a worker per process set this rank belongs to. Created by
+// hvd.init(), destroyed by hvd.shutdown(); a new one can be created after.
+// Thread-safety: Enqueue/handle calls may come from any API thread; process
+// set changes are collective and must be made in the same order on every
+// rank (they are serialised by an internal lock).
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/engine_stats.h"
+#include "core/env.h"
+#include "gpu/gpu_context.h"
+#include "engine/handle_table.h"
+#include "transport/mpi_context.h"
+#include "engine/process_set_worker.h"
+#include "engine/timeline.h"
+
+namespace hvdcompat {
+
+struct InitOptions {
+  std::optional<MPI_Comm> comm;              // from mpi4py, duplicated
+  std::vector<int> ranks;                    // hvd.init(comm=[...])
+  std::vector<std::vector<int>> process_sets;  // static sets, registered as ids 1..n
+  std::vector<int> process_set_ids;  // when not empty: the id of each of process_sets (a reset)
+  bool dynamic_process_sets = false;
+};
+
+// What the caller asks for; the Python layer fills it from torch tensors.
+struct EnqueueArgs {
+  OpType op = OpType::kAllreduce;
+  std::string name;  // full name, e.g. "allreduce.fc1.weight"
+  bool auto_named = false;
+  int process_set = 0;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int root = -1;  // global rank
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<BufferDesc> inputs;
+  std::vector<BufferDesc> outputs;
+  std::vector<std::vector<int64_t>> splits;
+  void* stream = nullptr;  // CUDA inputs: their producer's stream (a cudaStream_t)
+};
+
+struct ProcessSetInfo {
+  int id;
+  std::vector<int> ranks;  // global ranks, sorted
+  bool included;
+  int rank;  // this rank's index in the set, -1 when not included
+};
+
+class Runtime {
+ public:
+  explicit Runtime(const InitOptions& options);
+  // Stop()s, then frees the communicators.
+  ~Runtime();
+  // Shuts every process set down (pending ops fail, waiters wake up).
+  // Idempotent; the object stays valid for threads still holding it.
+  void Stop();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const MpiContext& mpi() const { return *mpi_; }
+  const Config& config() const { return config_; }
+  HandleTable& handles() { return handles_; }
+  EngineStats& stats() { return stats_; }
+  GpuContext& gpu() { return *gpu_; }
+  bool dynamic_process_sets() const { return dynamic_; }
+
+  // Timeline written by rank 0 (other ranks record nothing). StartTimeline
+  // throws InvalidArgument unless HOROVOD_TIMELINE=DYNAMIC was set at init.
+  void StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
+
+  // Validates, registers a handle and hands the op to its process set.
+  // Throws InvalidArgument for the caller's mistakes (nothing is enqueued).
+  int Enqueue(EnqueueArgs args);
+
+  // Collective over the whole job. Returns the new id.
+  int AddProcessSet(std::vector<int> ranks);
+  // Collective over the whole job. False when `id` is unknown.
+  bool RemoveProcessSet(int id);
+  std::optional<ProcessSetInfo> GetProcessSet(int id) const;
+  std::vector<int> ProcessSetIds() const;
+
+ private:
+  // `id` < 0: the next free id.
+  int RegisterLocked(std::vector<int> ranks, int id = -1);
+
+  Config config_;
+  std::unique_ptr<MpiContext> mpi_;
+  HandleTable handles_;
+  EngineStats stats_;
+  Timeline timeline_;  // outlives the workers (declared before them)
+  bool dynamic_;
+  std::unique_ptr<GpuContext> gpu_;  // outlives the workers that use it
+
+  mutable std::mutex sets_mu_;
+  bool stopped_ = false;  // guarded by sets_mu_
+  std::map<int, std::vector<int>> set_ranks_;                     // every registered set
+  std::map<int, std::shared_ptr<ProcessSetWorker>> workers_;      // sets this rank is in
+  std::deque<int> free_ids_;
+  int next_id_ = 1;
+};
+
+}  // namespace hvdcompat

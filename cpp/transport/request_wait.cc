@@ -1,0 +1,74 @@
+#include "transport/request_wait.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "transport/mpi_util.h"
+
+namespace hvdcompat {
+
+namespace {
+
+void Test(MPI_Request* request, MPI_Comm comm, const char* what, int* flag) {
+  int rc = MPI_Test(request, flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    ThrowMpiError(rc, (std::string("MPI_Test (") + what + ")").c_str(), comm, __FILE__, __LINE__);
+  }
+}
+
+}  // namespace
+
+void PreferRingNonblockingAllreduce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm")) return;
+    int provided = 0;
+    // Each failure below means the tool interface or the variable is not
+    // there: keep the library's default.
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return;
+    int index = -1;
+    if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS) {
+      MPI_T_cvar_handle handle;
+      int count = 0;
+      if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+        const int kRing = 1;  // libnbc's enumeration: 0 automatic, 1 ring, 2 binomial, ...
+        if (count == 1) MPI_T_cvar_write(handle, &kRing);
+        MPI_T_cvar_handle_free(&handle);
+      }
+    }
+    MPI_T_finalize();
+  });
+}
+
+void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  int flag = 0;
+  Test(request, comm, what, &flag);
+  if (flag) return;
+  const auto yield_end = Clock::now() + std::chrono::microseconds(policy.yield_micros);
+  // Cheap clock reads: check the window every few tests only.
+  for (int i = 1;; ++i) {
+    sched_yield();
+    Test(request, comm, what, &flag);
+    if (flag) return;
+    if ((i & 15) == 0 && Clock::now() >= yield_end) break;
+  }
+  int64_t sleep_us = 5;
+  const int64_t cap = std::max<int64_t>(policy.max_sleep_micros, 1);
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min<int64_t>(sleep_us * 2, cap);
+    for (int i = 0; i < 4; ++i) {
+      Test(request, comm, what, &flag);
+      if (flag) return;
+    }
+  }
+}
+
+}  // namespace hvdcompat
