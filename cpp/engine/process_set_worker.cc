@@ -117,7 +117,13 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
   }
   // While waiting for peers, keep stall reports flowing (runs on this thread).
   poller_.set_tick([this](double) { InspectStalls(Clock::now()); });
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    if (!PinCurrentThread(config_.worker_core)) {
+      HVD_LOG(kWarning) << "could not pin the engine thread of process set " << id_ << " to core "
+                  << config_.worker_core << " (HOROVOD_THREAD_AFFINITY); it runs unpinned";
+    }
+    Loop();
+  });
 }
 
 ProcessSetWorker::~ProcessSetWorker() {

@@ -36,6 +36,8 @@ Runtime::Runtime(const InitOptions& options)
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());
   config_.rank_hosts = mpi_->hosts();
+  config_.worker_core =
+      WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
   if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }
