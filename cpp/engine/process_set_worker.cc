@@ -135,6 +135,11 @@ ProcessSetWorker::~ProcessSetWorker() {
   if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned()) MPI_Comm_free(&comm_);
 }
 
+void ProcessSetWorker::Abandon(const std::string& why) {
+  // backends_ is fixed once constructed; each backend's Abandon is thread-safe.
+  for (auto& b : backends_) b->Abandon(why);
+}
+
 void ProcessSetWorker::Enqueue(std::unique_ptr<TensorEntry> entry) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopped_ || shutdown_requested_) {

@@ -72,6 +72,15 @@ void Runtime::Stop() {
   timeline_.Stop();
 }
 
+void Runtime::Abandon(const std::string& why) {
+  std::vector<std::shared_ptr<ProcessSetWorker>> workers;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    for (auto& [id, w] : workers_) workers.push_back(w);
+  }
+  for (auto& w : workers) w->Abandon(why);
+}
+
 void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
   if (config_.timeline_path != "DYNAMIC") {
     throw InvalidArgument(

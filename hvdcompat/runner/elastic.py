@@ -280,6 +280,14 @@ class ElasticDriver:
         done = self.finished_ranks()
         sizes = set(done.values())
         finished = len(sizes) == 1 and len(done) == sizes.pop()
+        if finished:
+            from hvdcompat.runner.exit_report import final_world_exit
+
+            code, ranks = final_world_exit(self.dir)
+            if code:  # the final world's own exit code (sys.exit(N) or an exception)
+                print(f"hvdcompatrun: training finished on {len(done)} rank(s); they exited "
+                      f"with {code} (world ranks {ranks})", file=self.out, flush=True)
+                return code
         if finished and (mpirun_code != 0 or (started and len(done) < started)):
             print(f"hvdcompatrun: training finished on {len(done)}"
                   + (f" of {started}" if started else "") + " rank(s)"

@@ -55,6 +55,24 @@ def _rank():
     return -1
 
 
+def _record_exit(report):
+    """In an elastic launch, leaves the rank's ending in the driver's directory.
+
+    ElasticDriver.verdict takes the job's exit code from the ranks that
+    ended in the final world (which they mark themselves at exit): a
+    ``sys.exit(N)`` there is the job's N, even though mpirun's own code
+    may be a lost rank's.
+    """
+    directory = os.environ.get("HVDCOMPAT_ELASTIC_DIR")
+    if not directory or report["rank"] < 0:
+        return
+    try:
+        with open(os.path.join(directory, f"exit.{report['rank']}"), "w") as f:
+            json.dump(report, f)
+    except OSError:
+        pass  # the driver is gone: nobody to tell
+
+
 def main(argv=None):
     """Runs ``argv`` (default ``sys.argv[1:]``); returns or re-raises its ending."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -88,6 +106,7 @@ def main(argv=None):
         os.write(2, (MARKER + json.dumps(report) + "\n").encode())
     except OSError:
         pass  # the launcher is gone; the exit status still tells it
+    _record_exit(report)
     if code < 0:
         # End the way the rank did, so the launcher reports the same signal.
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
