@@ -112,22 +112,24 @@ def test_a_killed_rank_blacklists_its_host_which_rejoins_after_the_cooldown(clus
           f"{g.group(1)} s")
 
 
-def test_failures_on_every_host_blacklist_them_all(cluster, tmp_path):
+def test_every_listed_host_blacklisted_stops_the_job(cluster, tmp_path):
     a, b = cluster.names
-    # Ranks 0, 1 on a, rank 2 on b. Rank 2 raises at epoch 0 batch 2: b is blacklisted,
-    # ranks 0 and 1 finish epoch 0 from the last commit. Rank 1 raises at epoch 1 batch 2:
-    # a is blacklisted too, and the job stops.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    # Rank 1 (on b) raises before epoch 0 batch 2: b is blacklisted for good and rank 0
+    # goes on alone from the last commit. At the hold before batch 4 discovery drops a and
+    # offers only b: every host it lists is blacklisted, and the job stops.
+    script = _discovery(tmp_path, hold, [(None, [f"{a}:1", f"{b}:1"]), ("hold-0.4", [f"{b}:1"])])
     code, out, reports = _launch(
-        cluster, ["-H", host_list(cluster, [2, 1]), "--min-np", "1"],
-        ["--epochs", "3", "--inject-failure", "2:0:2:exception,1:1:2:exception"], tmp_path)
+        cluster, ["--min-np", "1", "--host-discovery-script", script],
+        ["--epochs", "2", "--inject-failure", "1:0:2:exception", "--hold-at", "0:4",
+         "--hold-dir", str(hold)], tmp_path)
     assert code != 0 and not reports, out
-    assert "injected failure on rank 2 at epoch 0 batch 2" in out, out
-    assert f"host {b} is blacklisted: its rank(s) 2 failed; for the rest of the job" in out, out
-    assert ("epoch 0: 2 ranks" in out and "every sample seen exactly once: True, models "
-            "identical on every rank: True" in out), out
-    assert f"host {a} is blacklisted: its rank(s) 1 failed" in out, out
-    assert re.search(rf"hvdcompatrun: every host is blacklisted \({a} \(for good\), {b} "
-                     r"\(for good\)\); the job stops", out), out
+    assert "injected failure on rank 1 at epoch 0 batch 2" in out, out
+    assert "recovery from the death to training resumed" in out, out
+    assert f"host {b} is blacklisted: its rank(s) 1 failed; for the rest of the job" in out, out
+    assert re.search(rf"hvdcompatrun: every host is blacklisted \({b} \(for good\)\); the job "
+                     r"stops\. Repair or replace the hosts", out), out
 
 
 def test_fewer_than_min_np_slots_past_the_timeout_stops_the_job(cluster, tmp_path):
