@@ -146,7 +146,7 @@ def _mark_finished():
     and never returns.
     """
     try:
-        if basics._core.fault_tolerance_enabled():
+        if basics._core.is_initialized() and basics._core.fault_tolerance_enabled():
             basics._lost_ranks[0] = True  # the exit path that skips MPI_Finalize
     except Exception:  # noqa: BLE001 - not initialised: nothing to skip
         pass
