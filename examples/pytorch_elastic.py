@@ -90,7 +90,8 @@ def parse_args():
                    help="before these batches wait (committing) until the hosts change, at most "
                         "--hold-seconds")
     p.add_argument("--hold-seconds", type=float, default=60)
-    p.add_argument("--hold-dir", default="", help="where rank 0 writes hold-E when it waits")
+    p.add_argument("--hold-dir", default="",
+                   help="where rank 0 writes hold-EPOCH.BATCH when it starts waiting")
     p.add_argument("--simulate-hosts", default="", metavar="NAMES",
                    help="comma-separated host name of each rank (e.g. a,a,b), to try host "
                         "removal on one machine")
@@ -118,7 +119,7 @@ def main():
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     # log: one entry per finished epoch (kept in the state, so it survives a
-    # restart on new hosts); held: the epochs whose hold is over.
+    # restart on new hosts); held: the (epoch, batch) holds that are over.
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, tally=tally, epoch=0,
                                    batch=0, log=(), held=())
     # Where the failing rank notes the time of its death (one machine or a shared clock).
