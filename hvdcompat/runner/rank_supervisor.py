@@ -34,6 +34,8 @@ __all__ = ["MARKER", "main"]
 MARKER = "hvdcompatrun-rank-exit: "
 
 _PR_SET_PDEATHSIG = 1
+# hvdcompat.elastic.loop.RESTART_EXIT_CODE (not imported: no torch here).
+_RESTART_EXIT_CODE = 75
 # Every signal a launcher or user may send a rank, passed on unchanged.
 _FORWARDED = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH]
@@ -107,6 +109,14 @@ def main(argv=None):
     except OSError:
         pass  # the launcher is gone; the exit status still tells it
     _record_exit(report)
+    if code > 0 and os.environ.get("HOROVOD_ELASTIC") == "1" and code != _RESTART_EXIT_CODE:
+        # Note [Failed elastic rank]: under ULFM, Open MPI 5.0's launcher ends
+        # the whole job, survivors included, when a rank on another host than
+        # mpirun's exits with a non-zero status; a rank killed by a signal is
+        # a failure the survivors recover from. The report above keeps the
+        # rank's own status for hvdcompatrun's summary.
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(1)
     if code < 0:
         # End the way the rank did, so the launcher reports the same signal.
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
