@@ -122,6 +122,10 @@ NetworkAllreduce::NetworkAllreduce(MPI_Comm comm, const MpiOps* ops, const Confi
   const bool layered = homogeneous_ && local_size_ > 1 && hosts_ > 1;
   hierarchical_ = layered && (config.hierarchical_allreduce_set ? config.hierarchical_allreduce
                                                                 : true);
+  // What one rank puts on the link per segment is the segment size: a
+  // hierarchical segment is local_size shards of that size (and half as many
+  // waits on the host's other ranks as with shards of segment / local_size).
+  if (hierarchical_) segment_bytes_ = std::min<int64_t>(segment_bytes_ * local_size_, int64_t{1} << 30);
   for (int i = 0; i < depth_; ++i) slots_.push_back(std::make_unique<Slot>());
 }
 
@@ -143,7 +147,10 @@ std::string NetworkAllreduce::Describe() const {
     o << "uneven numbers of";
   }
   o << " rank(s), " << (hierarchical_ ? "hierarchical" : "flat") << ", segments of "
-    << Mib(segment_bytes_) << ", " << depth_ << " in flight";
+    << Mib(segment_bytes_);
+  if (hierarchical_) o << " (" << Mib(segment_bytes_ / local_size_) << " per rank across hosts)";
+  o << ", " << depth_
+    << " in flight";
   return o.str();
 }
 

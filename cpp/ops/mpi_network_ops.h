@@ -37,7 +37,9 @@ namespace hvdcompat {
 //   of the rank's shard with its peers of the same local rank on the other
 //   hosts (each host sends and receives the segment once instead of 2(n-1)/n
 //   times of a flat ring whose edges cross hosts), and an allgather inside
-//   the host. HOROVOD_HIERARCHICAL_ALLREDUCE=0 keeps this plan flat; =1 asks
+//   the host; such a segment is local_size times the segment size, so each
+//   rank still puts one segment's worth on the link per step.
+//   HOROVOD_HIERARCHICAL_ALLREDUCE=0 keeps this plan flat; =1 asks
 //   for the hierarchy (where the layout allows it) whatever the plan.
 //
 // Every call is nonblocking and completed by WaitRequest; testing any one
