@@ -83,6 +83,68 @@ def worker(args):
     return 0
 
 
+def segments_worker(args):
+    """One rank of the raw-MPI segment job: the set's bytes in one buffer, per call size."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import hvdcompat as hvd
+
+    hvd.init()  # selects libnbc's ring for MPI_Iallreduce, as the engine runs it
+    comm = MPI.COMM_WORLD
+    total = RESNET50_BYTES // 4
+    buf = np.ones(total, dtype=np.float32)
+
+    def med(fn):
+        fn()
+        times = []
+        for _ in range(args.iters):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    def blocking(seg):
+        for off in range(0, total, seg):
+            comm.Allreduce(MPI.IN_PLACE, buf[off:off + seg])
+
+    def pipelined(seg, depth):
+        reqs = []
+        for off in range(0, total, seg):
+            if len(reqs) >= depth:
+                reqs.pop(0).Wait()
+            reqs.append(comm.Iallreduce(MPI.IN_PLACE, buf[off:off + seg]))
+        MPI.Request.Waitall(reqs)
+
+    mibs = [1, 4, 16, 64, 128]
+    rows = [("blocking MPI_Allreduce, one after another",
+             [med(lambda: blocking(m << 18)) for m in mibs])]
+    for depth in (1, 2, 4):
+        rows.append((f"MPI_Iallreduce (ring), {depth} in flight",
+                     [med(lambda: pipelined(m << 18, depth)) for m in mibs]))
+    if comm.rank == 0:
+        print("| raw MPI, per call | " + " | ".join(f"{m} MiB" for m in mibs) + " |")
+        print("|---|" + "---|" * len(mibs))
+        for label, cells in rows:
+            print(f"| {label} | " + " | ".join(f"{c:.0f} ms" for c in cells) + " |", flush=True)
+    hvd.shutdown()
+    return 0
+
+
+def _segments(cluster, args):
+    cluster.limit(None if args.segments_rate == "none" else args.segments_rate)
+    print(f"\n# raw MPI (mpi4py) between 2 hosts x 1 rank, host link {args.segments_rate}: "
+          f"the ResNet-50 set's {RESNET50_BYTES / 2**20:.1f} MiB in one float32 buffer, reduced "
+          f"in calls of each size (128 MiB: one call); ms, median of {args.iters} ({_load()})")
+    out = _launch(cluster, [1, 1], [sys.executable, os.path.join("examples",
+                                                                 "allreduce_benchmark.py"),
+                                    "--hosts", "--segments-worker", "--iters", str(args.iters)],
+                  args.timeout)
+    print("\n".join(l.split("<stdout>:", 1)[-1].strip() for l in out.splitlines()
+                    if l.split("<stdout>:", 1)[-1].strip().startswith("|")), flush=True)
+
+
 def _parse_row(output):
     m = ROW.search(output)
     if not m:
@@ -133,10 +195,19 @@ def main(argv):
     parser.add_argument("--train-rate", default="1gbit")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--segments", action="store_true",
+                        help="also raw MPI per call size and calls in flight (Open MPI's TCP "
+                             "transport between the hosts)")
+    parser.add_argument("--segments-rate", default="1gbit")
+    parser.add_argument("--only-segments", action="store_true",
+                        help="only the raw MPI segment table")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--segments-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.segments_worker:
+        return segments_worker(args)
 
     sys.path.insert(0, os.path.join(REPO, "tests"))
     sys.path.insert(0, os.path.join(REPO, "tests", "cluster"))
@@ -153,18 +224,22 @@ def main(argv):
                   "--worker", "--iters", str(args.iters), "--rounds", str(args.rounds)]
     print(f"# test hosts {', '.join(cluster.names)} on {cluster.subnet} (namespaces of this "
           f"machine: {os.cpu_count()} cores shared by every rank); {_load()}", flush=True)
-    print("# ResNet-50 gradient set (161 tensors, 97.5 MiB), Average in place, async then "
-          f"synchronize; ms, median of {args.iters} per round, median of {args.rounds} "
-          "alternating rounds")
-    print("# Horovod configuration: hvdcompat's engine with " +
-          " ".join(f"{k}={v}" for k, v in HOROVOD_CONFIGURATION.items()) +
-          " (Horovod 0.28.1 is not installed here: it does not build against this torch)")
-    header = (f"| layout | host link | hvdcompat | Horovod configuration | link floor | "
-              f"hvdcompat / floor | fp16: hvdcompat | fp16: Horovod conf. | fp16 floor | "
-              f"plan | load |")
-    print(header)
-    print("|" + "---|" * 11, flush=True)
     with cluster:
+        if args.segments or args.only_segments:
+            _segments(cluster, args)
+            if args.only_segments:
+                return 0
+        print("# ResNet-50 gradient set (161 tensors, 97.5 MiB), Average in place, async then "
+              f"synchronize; ms, median of {args.iters} per round, median of {args.rounds} "
+              "alternating rounds")
+        print("# Horovod configuration: hvdcompat's engine with " +
+              " ".join(f"{k}={v}" for k, v in HOROVOD_CONFIGURATION.items()) +
+              " (Horovod 0.28.1 is not installed here: it does not build against this torch)")
+        header = (f"| layout | host link | hvdcompat | Horovod configuration | link floor | "
+                  f"hvdcompat / floor | fp16: hvdcompat | fp16: Horovod conf. | fp16 floor | "
+                  f"plan | load |")
+        print(header)
+        print("|" + "---|" * 11, flush=True)
         for rate in rates:
             cluster.limit(None if rate == "none" else rate)
             bits = _rate_bits(rate)
