@@ -220,6 +220,7 @@ py::dict Stats() {
   d["autotune_changes"] = s.tuning.changes();
   d["hierarchical_allreduces"] = s.hierarchical_allreduces.load();
   d["hierarchical_allgathers"] = s.hierarchical_allgathers.load();
+  d["network_allreduces"] = s.network_allreduces.load();
   return d;
 }
 
@@ -257,6 +258,9 @@ py::dict ConfigDict() {
   d["fusion_chunk_bytes"] = c.fusion_chunk_bytes;
   d["inplace_min_bytes"] = c.inplace_min_bytes;
   d["max_call_bytes"] = c.max_call_bytes;
+  d["link_plan"] = c.link_plan;
+  d["network_segment_bytes"] = c.network_segment_bytes;
+  d["network_pipeline_depth"] = c.network_pipeline_depth;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["hierarchical_allgather"] = c.hierarchical_allgather;
