@@ -84,7 +84,9 @@ def _info(process_set_id):
     _require_init()
     info = _core.process_set_info(process_set_id)
     if info is None:
-        raise ValueError("Process set does not exist or has not been registered.")
+        # Unknown to the core (e.g. an id from before the last hvd.init()):
+        # the core raises its own error for it.
+        _core.process_set_member(process_set_id, "ProcessSet", "")
     return info
 
 
