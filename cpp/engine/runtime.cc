@@ -39,7 +39,9 @@ Runtime::Runtime(const InitOptions& options)
     for (size_t i = 0; i < options.process_sets.size(); ++i) {
       std::vector<int> ranks = options.process_sets[i];
       CheckNewSet(kInitCaller, &ranks, planned);
-      planned[static_cast<int>(i) + 1] = ranks;
+      int id = i < options.process_set_ids.size() ? options.process_set_ids[i]
+                                                  : static_cast<int>(i) + 1;
+      planned[id] = ranks;
     }
   }
   config_.rank_hosts = mpi_->hosts();
