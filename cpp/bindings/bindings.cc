@@ -360,6 +360,11 @@ PYBIND11_MODULE(_core, m) {
     return py::make_tuple(info->ranks, info->included, info->rank);
   });
   m.def("process_set_ids", [] { return Rt().ProcessSetIds(); });
+  m.def("process_set_member", [](int id, const std::string& op, const std::string& name) {
+    return RtShared()->MemberRankSize(op, name, id);
+  }, py::arg("process_set_id"), py::arg("op"), py::arg("name"),
+        "(this rank's index, size) in a process set; ValueError, from the same rule as "
+        "enqueue, when the set is unknown or this rank is not a member.");
   m.def("engine_stats", &Stats);
   m.def("reset_engine_stats", [] { Rt().stats().Reset(); });
   m.def("autotune_history", &AutotuneHistory);

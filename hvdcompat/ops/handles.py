@@ -1,7 +1,7 @@
 """Handles of asynchronous ops: enqueue, poll, synchronize, and op naming."""
 
 from hvdcompat import _gpu
-from hvdcompat.basics import _NOT_INITIALIZED, _core, _on_init, _on_shutdown
+from hvdcompat.basics import _core, _on_init, _on_shutdown
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["poll", "synchronize"]
@@ -13,12 +13,6 @@ _STATUS = _core.STATUS
 _handle_map = {}
 # process set id -> number of unnamed ops enqueued on it (names them).
 _noname_counts = {}
-# (process set id, full name) -> handle of the op holding that name. A name
-# stays taken until its caller has seen the op finish (synchronize, or poll
-# returning True), not merely until the engine finishes it: the engine can
-# complete an op between two Python calls, and whether a repeated name was
-# refused must not depend on that timing.
-_names_in_use = {}
 # Handles standing for several core ops (grouped ops over several dtypes):
 # negative ids -> (core handles, assemble(results) -> result).
 _composites = {}
@@ -26,19 +20,17 @@ _next_composite = [-1]
 
 
 class _Pending:
-    __slots__ = ("keep", "finish", "device", "name_key")
+    __slots__ = ("keep", "finish", "device")
 
-    def __init__(self, keep, finish, device, name_key):
+    def __init__(self, keep, finish, device):
         self.keep = keep
         self.finish = finish
         self.device = device  # CUDA device index of the op's tensors, -1 for host
-        self.name_key = name_key
 
 
 def _reset():
     _handle_map.clear()
     _noname_counts.clear()
-    _names_in_use.clear()
     _composites.clear()
     _next_composite[0] = -1
 
@@ -49,17 +41,6 @@ def _composite(handles, assemble):
     _next_composite[0] -= 1
     _composites[cid] = (list(handles), assemble)
     return cid
-
-
-def _release_name(handle, pending):
-    if _names_in_use.get(pending.name_key) == handle:
-        del _names_in_use[pending.name_key]
-
-
-def _forget_process_set(process_set_id):
-    """Frees the names held on a removed set (its id may be given to a new set)."""
-    for key in [k for k in _names_in_use if k[0] == process_set_id]:
-        del _names_in_use[key]
 
 
 _on_init.append(_reset)
@@ -79,29 +60,17 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
 
     `inputs`/`outputs` are core buffer tuples; `keep` holds the tensors they
     point into; `finish(outs, received_splits, join_rank)` builds the result.
+    The core checks the engine's rules (initialised, process set and
+    membership, root, splits, a name still in flight) and raises ValueError.
     """
-    if not _core.is_initialized():
-        raise ValueError(_NOT_INITIALIZED)
     if process_set_id is None:
-        # A ProcessSet never registered, or removed (remove_process_set clears its id).
-        raise ValueError(f"{op.capitalize()} '{prefix if name is None else name}': Process set "
-                         "provided does not exist, or has not been registered. Register it "
-                         "with hvd.add_process_set or hvd.init(process_sets=...).")
+        process_set_id = -1  # never registered, or removed: the core says so
     full, auto = _full_name(prefix, name, process_set_id)
-    key = (process_set_id, full)
-    if key in _names_in_use:
-        raise ValueError(
-            f"{op} '{full}': an operation with this name is still in flight on rank "
-            f"{_core.rank()} (its handle has not been synchronized). Requested to allreduce, "
-            "allgather, or broadcast a tensor with the same name as another tensor that is "
-            "currently being processed. Wait for the first one (hvd.synchronize) or use a "
-            "different name.")
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
-    _names_in_use[key] = handle
+    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
     return handle
 
 
@@ -122,10 +91,7 @@ def poll(handle):
     pending = _handle_map.get(handle)
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    done = _core.poll(handle)
-    if done:
-        _release_name(handle, pending)
-    return done
+    return _core.poll(handle)  # True also frees the op's name in the core
 
 
 def synchronize(handle):
@@ -164,7 +130,6 @@ def synchronize(handle):
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         _handle_map.pop(handle, None)
-        _release_name(handle, pending)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)
