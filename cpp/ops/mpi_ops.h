@@ -89,8 +89,4 @@ class MpiBackend : public CollectiveBackend {
   EngineStats* stats_;
 };
 
-// Rows of dim 0 that set rank `rank` receives when `rows` are scattered over
-// `size` ranks: the first rows % size ranks get one extra row.
-int64_t ReducescatterRows(int64_t rows, int size, int rank);
-
 }  // namespace hvdcompat

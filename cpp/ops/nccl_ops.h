@@ -14,6 +14,7 @@
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/adasum_mpi.h"
+#include "ops/collective_layout.h"
 #include "ops/backend.h"
 
 namespace hvdcompat {
@@ -103,6 +104,12 @@ class NcclBackend : public CollectiveBackend {
   void JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane);
   void Broadcast(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void Allgather(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // Gathers every rank's block of `g` (bytes) into `base`, where this rank's
+  // block already sits at its offset, or, when `send` is given, is read there.
+  void GatherBlocks(const GatherLayout& g, char* base, const char* send, Lane& lane);
+  // Copies the rank-major blocks of a fused allgather from `buf` to the outputs.
+  void UnpackGathered(const GatherLayout& g, const char* buf, const std::vector<char*>& outs,
+                      Lane& lane);
   void Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void Reducescatter(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane);
