@@ -72,9 +72,4 @@ void HandleTable::Discard(int handle) {
   states_.erase(handle);
 }
 
-size_t HandleTable::NumOutstanding() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return states_.size();
-}
-
 }  // namespace hvdcompat

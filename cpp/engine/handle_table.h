@@ -27,7 +27,6 @@ class HandleTable {
   HandleResult Wait(int handle);
   // Forgets a handle whose op was never enqueued.
   void Discard(int handle);
-  size_t NumOutstanding() const;
 
  private:
   struct State {
