@@ -46,6 +46,12 @@ enum class Knob : int {
   kElasticResetLimit,
   kElasticDir,
   kElasticHost,
+  kWaitSpinMicros,
+  kElastic,
+  kDdpAccelerate,
+  kDdpCompression,
+  kDdpRoute,
+  kDdpFusionThreshold,
   kCount,
 };
 
