@@ -97,6 +97,12 @@ class NcclBackend : public CollectiveBackend {
   void Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   // Note [GPU Adasum] (ops/nccl_adasum.cc).
   void AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // Its steps: the node split and cross-node reducer (collective, once) and
+  // the lane's node communicator; then this rank's shard (`chunk` elements at
+  // `mine` on the device) combined across nodes on the host.
+  void SetupAdasum(const Response& r, Lane& lane);
+  void AdasumAcrossNodes(const Response& r, char* mine, int64_t chunk,
+                         const std::vector<int64_t>& counts, Lane& lane);
   // local_mpi_ / cross_mpi_ from the node layout (collective over the set; once).
   void SplitNodes();
   void HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
