@@ -77,11 +77,7 @@ def nccl_version():
 def _gpu_operations_mpi():
     if _core.is_initialized():
         return _core.config()["gpu_operations"] == "MPI"
-    for var in ("HVDCOMPAT_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS"):
-        value = os.environ.get(var)
-        if value is not None:
-            return value.strip().upper() == "MPI"
-    return False
+    return _core.knob("GPU_OPERATIONS").strip().upper() == "MPI"
 
 
 def unavailable_reason():

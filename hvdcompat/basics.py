@@ -186,15 +186,12 @@ def shutdown():
     ranks learn of the shutdown at their next collective. Safe to call when
     not initialised.
     """
-    from hvdcompat import process_sets as _ps
-
     with _lifecycle_lock:
         if not _core.is_initialized():
             return
         _core.shutdown()
         for fn in _on_shutdown:
             fn()
-        _ps._after_shutdown()
 
 
 def _elastic_reset():
@@ -301,14 +298,11 @@ def _at_exit():
         return
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
-        from hvdcompat import process_sets as _ps
-
         was = _core.is_initialized()
         _core.finalize()
         if was:
             for fn in _on_shutdown:
                 fn()
-            _ps._after_shutdown()
 
 
 def is_initialized():

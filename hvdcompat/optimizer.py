@@ -21,14 +21,13 @@ same models on every rank do.
 """
 
 import contextlib
-import os
 import warnings
 import weakref
 
 import torch
 
 from hvdcompat.adasum_optimizer import adasum_class
-from hvdcompat.basics import Adasum, Average, size
+from hvdcompat.basics import Adasum, Average, _core, size
 from hvdcompat.functions import broadcast_object
 from hvdcompat.ops.collectives import AdasumProcessSetError, allreduce_async_
 from hvdcompat.ops.compression import Compression
@@ -106,7 +105,7 @@ class _DistributedOptimizer:
         self._group_counts = {}
         self._name_prefix = ""
         self._communicates = bool(process_set.included()) and (
-            process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+            process_set.size() > 1 or _core.knob("ELASTIC") == "1")
         if self._communicates:
             # Keyed by the member ranks, not the set id: ids are reused after
             # remove_process_set, and a reused id may have other members.

@@ -174,10 +174,6 @@ def _after_init(static):
             _registered.add(ps)
 
 
-def _after_shutdown():
-    pass
-
-
 # ProcessSet objects given an id in this runtime, so an elastic reset can
 # renumber their ranks (weak: the user owns them).
 _registered = weakref.WeakSet()

@@ -2,7 +2,7 @@
 
 A launch that fails or times out raises AssertionError carrying every rank's
 output (tagged ``[job,rank]<stdout>:`` under Open MPI). On timeout each rank
-is first asked to dump its Python stacks (SIGUSR1, see tests/parallel/conftest.py),
+is first asked to dump its Python stacks (SIGUSR1, see tests/rankplugin.py),
 so a hang shows where every rank was.
 """
 

@@ -22,7 +22,7 @@ BayesianOptimizer::BayesianOptimizer(size_t dims, double noise, uint64_t seed, d
       rng_(seed) {}
 
 void BayesianOptimizer::AddSample(Point x, double y) {
-  HVD_ENFORCE(x.size() == dims_, "sample of dimension " << x.size() << " for " << dims_);
+  HVD_ENFORCE_EQ(x.size(), dims_, "dimension of an autotune sample");
   for (auto& v : x) v = Clamp01(v);
   x_.push_back(std::move(x));
   y_.push_back(y);

@@ -10,7 +10,7 @@
 #include "bindings/dlpack_export.h"
 #include "engine/elastic_reset.h"
 #include "core/env.h"
-#include "ops/mpi_ops.h"
+#include "ops/collective_layout.h"
 #include "engine/runtime.h"
 
 namespace py = pybind11;

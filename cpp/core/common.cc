@@ -74,15 +74,13 @@ int64_t ShapeElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-int64_t ShapeRowElements(const std::vector<int64_t>& shape) {
+int64_t BufferDesc::NumElements() const { return ShapeElements(shape); }
+
+int64_t BufferDesc::RowElements() const {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
 }
-
-int64_t BufferDesc::NumElements() const { return ShapeElements(shape); }
-
-int64_t BufferDesc::RowElements() const { return ShapeRowElements(shape); }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";

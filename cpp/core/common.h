@@ -95,8 +95,6 @@ struct BufferDesc {
 std::string ShapeString(const std::vector<int64_t>& shape);
 // Elements of a tensor of this shape (1 for a scalar).
 int64_t ShapeElements(const std::vector<int64_t>& shape);
-// Elements in one slice along dim 0: the product of dims 1..n-1.
-int64_t ShapeRowElements(const std::vector<int64_t>& shape);
 
 // Broken invariant inside the core (a bug, not a user error).
 class InternalError : public std::runtime_error {
@@ -129,5 +127,25 @@ class InvalidArgument : public std::invalid_argument {
       throw ::hvdcompat::InternalError(hvd_os_.str());                            \
     }                                                                             \
   } while (0)
+
+// Comparison invariants print both operands, as text and as values
+// ("`a == b` failed: 3 vs 4"), so the report says how far off it was.
+#define HVD_ENFORCE_OP_(a, op, b, msg)                                            \
+  do {                                                                            \
+    const auto& hvd_a_ = (a);                                                     \
+    const auto& hvd_b_ = (b);                                                     \
+    if (!(hvd_a_ op hvd_b_)) {                                                    \
+      std::ostringstream hvd_os_;                                                 \
+      hvd_os_ << "internal error: " << msg << " (check `" #a " " #op " " #b       \
+              << "` failed: " << hvd_a_ << " vs " << hvd_b_ << ", at " << __FILE__ \
+              << ":" << __LINE__ << ")";                                          \
+      throw ::hvdcompat::InternalError(hvd_os_.str());                            \
+    }                                                                             \
+  } while (0)
+#define HVD_ENFORCE_EQ(a, b, msg) HVD_ENFORCE_OP_(a, ==, b, msg)
+#define HVD_ENFORCE_NE(a, b, msg) HVD_ENFORCE_OP_(a, !=, b, msg)
+#define HVD_ENFORCE_LT(a, b, msg) HVD_ENFORCE_OP_(a, <, b, msg)
+#define HVD_ENFORCE_LE(a, b, msg) HVD_ENFORCE_OP_(a, <=, b, msg)
+#define HVD_ENFORCE_GE(a, b, msg) HVD_ENFORCE_OP_(a, >=, b, msg)
 
 }  // namespace hvdcompat

@@ -56,6 +56,8 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Longest sleep between polls while waiting for peers."},
       {Knob::kPollDataYieldMicros, "POLL_DATA_YIELD_MICROS", false, "5000", "us",
        "While a data collective is in flight, poll (yielding the core) this long before sleeping."},
+      {Knob::kWaitSpinMicros, "WAIT_SPIN_MICROS", false, "100", "us",
+       "hvd.synchronize() busy-polls an unfinished handle this long before sleeping on it."},
       {Knob::kEnableAsyncCompletion, "ENABLE_ASYNC_COMPLETION", true, "0", "bool",
        "GPU ops: synchronize() makes the current CUDA stream wait instead of blocking the host."},
       {Knob::kNcclLib, "NCCL_LIB", false, "", "path",
@@ -99,6 +101,20 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kThreadAffinity, "THREAD_AFFINITY", true, "", "cores",
        "Comma-separated cores, one per local rank: local rank i's engine threads run on the "
        "i-th (empty: not pinned)."},
+      {Knob::kElastic, "ELASTIC", true, "0", "bool",
+       "Set to 1 by the elastic launcher: optimizers keep communicating while one rank is left."},
+      // torch.distributed DDP integration (read by hvdcompat.ddp).
+      {Knob::kDdpAccelerate, "DDP_ACCELERATE", false, "1", "bool",
+       "Importing hvdcompat.ddp.accelerate gives DDP models built afterwards hvdcompat's "
+       "comm hook (0: leave DDP untouched)."},
+      {Knob::kDdpCompression, "DDP_COMPRESSION", false, "none", "none|fp16|bf16",
+       "Wire dtype of the DDP comm hook's gradient allreduce."},
+      {Knob::kDdpRoute, "DDP_ROUTE", false, "auto", "auto|engine|process_group",
+       "Where the DDP comm hook reduces buckets: hvdcompat's engine, or the script's own "
+       "process group (auto: the engine under an MPI launcher)."},
+      {Knob::kDdpFusionThreshold, "DDP_FUSION_THRESHOLD", false, "0", "bytes",
+       "DDP comm hook, process-group route: pack consecutive buckets into one op up to this size "
+       "(0: off, which keeps backward and communication overlapped)."},
   };
   return knobs;
 }

@@ -50,6 +50,12 @@ enum class Knob : int {
   kElasticDir,
   kElasticHost,
   kThreadAffinity,
+  kWaitSpinMicros,
+  kElastic,
+  kDdpAccelerate,
+  kDdpCompression,
+  kDdpRoute,
+  kDdpFusionThreshold,
   kCount,
 };
 

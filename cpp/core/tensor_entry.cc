@@ -53,14 +53,6 @@ OwnedBuffer& OwnedBuffer::operator=(OwnedBuffer&& o) noexcept {
   return *this;
 }
 
-void* OwnedBuffer::Release() {
-  HVD_ENFORCE(!deleter_, "Release() of a buffer with its own deleter");
-  void* p = data_;
-  data_ = nullptr;
-  desc_.data = nullptr;
-  return p;
-}
-
 std::pair<void*, OwnedBuffer::Deleter> OwnedBuffer::ReleaseWithDeleter() {
   std::pair<void*, Deleter> out{data_, std::move(deleter_)};
   data_ = nullptr;

@@ -33,8 +33,6 @@ class OwnedBuffer {
 
   void* data() const { return data_; }
   const BufferDesc& desc() const { return desc_; }
-  // Gives up ownership of host memory (the caller frees with std::free).
-  void* Release();
   // Gives up ownership of any memory; the caller frees with the deleter
   // (std::free when it is empty).
   std::pair<void*, Deleter> ReleaseWithDeleter();

@@ -71,9 +71,7 @@ std::string EncodeTunedParams(const TunedParams& p) {
 }
 
 TunedParams DecodeTunedParams(const char* data, size_t size) {
-  HVD_ENFORCE(size >= kTunedParamsBytes,
-              "truncated control message: tuned parameters need " << kTunedParamsBytes
-                                                                   << " bytes, got " << size);
+  HVD_ENFORCE_GE(size, kTunedParamsBytes, "truncated control message: tuned parameters");
   const char* p = data;
   TunedParams t;
   t.fusion_threshold_bytes = Take<int64_t>(&p);

@@ -96,9 +96,4 @@ void HandleTable::Discard(int handle) {
   states_.erase(it);
 }
 
-size_t HandleTable::NumOutstanding() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return states_.size();
-}
-
 }  // namespace hvdcompat

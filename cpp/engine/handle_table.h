@@ -43,7 +43,6 @@ class HandleTable {
   HandleResult Wait(int handle);
   // Forgets a handle (and frees its name) whose op was never enqueued.
   void Discard(int handle);
-  size_t NumOutstanding() const;
 
  private:
   using NameKey = std::pair<int, std::string>;  // (process set, full name)

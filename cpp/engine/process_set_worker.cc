@@ -285,82 +285,15 @@ void ProcessSetWorker::Loop() {
   int64_t backoff_us = 10;
   try {
     while (true) {
-      // Read each time round: the autotuner may change it.
-      const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
       std::deque<std::unique_ptr<TensorEntry>> fresh;
-      bool want_shutdown;
-      if (!controller_.HasPending()) {
-        // Work often follows work (the next gradient, the next step): watch
-        // for it briefly before sleeping, since waking a sleeping thread costs
-        // tens of microseconds on some machines. Yielding keeps the core free
-        // for whoever needs it.
-        auto until = Clock::now() + std::chrono::microseconds(config_.poll_spin_micros);
-        while (!pending_hint_.load(std::memory_order_acquire) && Clock::now() < until) {
-          sched_yield();
-        }
-      }
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!controller_.HasPending() && incoming_.empty() && !shutdown_requested_) {
-          // Idle: sleep until work arrives; the coordinator wakes up every
-          // second to read other ranks' stall reports.
-          while (incoming_.empty() && !shutdown_requested_) {
-            if (stall_.enabled() && rank_ == 0) {
-              cv_.wait_for(lock, std::chrono::seconds(1));
-              lock.unlock();
-              InspectStalls(Clock::now());
-              lock.lock();
-            } else {
-              cv_.wait(lock);
-            }
-          }
-          if (config_.cycle_time_ms > 0 && !shutdown_requested_) {
-            // Batching window: let more tensors arrive before negotiating.
-            cv_.wait_for(lock, cycle_time, [&] { return shutdown_requested_; });
-          }
-        } else if (!progressed && incoming_.empty() && !shutdown_requested_) {
-          // Pending work that did not match last cycle: peers are elsewhere.
-          cv_.wait_for(lock, std::chrono::microseconds(backoff_us),
-                       [&] { return !incoming_.empty() || shutdown_requested_; });
-          backoff_us = std::min<int64_t>(backoff_us * 2, 1000);
-        }
-        fresh.swap(incoming_);
-        pending_hint_.store(false, std::memory_order_relaxed);
-        want_shutdown = shutdown_requested_;
-      }
-      auto now = Clock::now();
-      for (auto& e : fresh) {
-        e->submitted = now;
-        if (timeline_->active()) timeline_->Span(id_, e->request.name, "QUEUE", e->enqueued, now);
-        controller_.Submit(e->request, now);
-        std::string name = e->request.name;
-        entries_[name] = std::move(e);
-      }
-      if (timeline_->active() && timeline_->mark_cycles()) {
-        timeline_->Instant(id_, "engine", "CYCLE_START", now);
-      }
-      // Requests cached but unmatched for half the check time go through the
-      // coordinator, so the stall warning can name who has not submitted.
-      double reroute = config_.stall_check_seconds > 0 ? config_.stall_check_seconds / 2 : 0;
-      Controller::Outcome out = controller_.RunCycle(want_shutdown, now, reroute);
-      progressed = !out.responses.empty() || !fresh.empty();
+      const bool want_shutdown = WaitForWork(progressed, &backoff_us, &fresh);
+      const auto now = Clock::now();
+      const bool admitted = !fresh.empty();
+      Admit(fresh, now);
+      bool peer_shutdown = false;
+      progressed = NegotiateAndExecute(want_shutdown, now, &peer_shutdown) || admitted;
       if (progressed) backoff_us = 10;
-      RecordNegotiated(out.responses, Clock::now());
-      if (out.params) ApplyTuning(*out.params);
-      std::vector<std::string> scored;
-      int64_t scored_bytes = 0;
-      if (tuner_ && tuner_->active()) {
-        for (const auto& r : out.responses) {
-          if (r.is_error() || r.op == OpType::kJoin || r.op == OpType::kBarrier) continue;
-          scored_bytes += r.TotalBytes();
-          // Unnamed ops get a new name each call and cannot mark steps.
-          if (!r.auto_named) scored.push_back(r.units[0].name);
-        }
-      }
-      Execute(std::move(out.responses));
-      if (tuner_ && tuner_->active()) ScoreCycle(scored, scored_bytes);
-      InspectStalls(Clock::now());
-      if (want_shutdown || out.peer_shutdown) {
+      if (want_shutdown || peer_shutdown) {
         std::string who = want_shutdown ? "this rank" : "another rank";
         FailEverything(Status::Error(
             StatusCode::kAborted,
@@ -376,6 +309,89 @@ void ProcessSetWorker::Loop() {
     HVD_LOG(kError) << msg;
     FailEverything(Status::Error(StatusCode::kInternal, msg));
   }
+}
+
+bool ProcessSetWorker::WaitForWork(bool progressed, int64_t* backoff_us,
+                                   std::deque<std::unique_ptr<TensorEntry>>* fresh) {
+  if (!controller_.HasPending()) {
+    // Work often follows work (the next gradient, the next step): watch
+    // for it briefly before sleeping, since waking a sleeping thread costs
+    // tens of microseconds on some machines. Yielding keeps the core free
+    // for whoever needs it.
+    auto until = Clock::now() + std::chrono::microseconds(config_.poll_spin_micros);
+    while (!pending_hint_.load(std::memory_order_acquire) && Clock::now() < until) {
+      sched_yield();
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!controller_.HasPending() && incoming_.empty() && !shutdown_requested_) {
+    // Idle: sleep until work arrives; the coordinator wakes up every
+    // second to read other ranks' stall reports.
+    while (incoming_.empty() && !shutdown_requested_) {
+      if (stall_.enabled() && rank_ == 0) {
+        cv_.wait_for(lock, std::chrono::seconds(1));
+        lock.unlock();
+        InspectStalls(Clock::now());
+        lock.lock();
+      } else {
+        cv_.wait(lock);
+      }
+    }
+    if (config_.cycle_time_ms > 0 && !shutdown_requested_) {
+      // Batching window: let more tensors arrive before negotiating. Read
+      // each time round: the autotuner may change it.
+      const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
+      cv_.wait_for(lock, cycle_time, [&] { return shutdown_requested_; });
+    }
+  } else if (!progressed && incoming_.empty() && !shutdown_requested_) {
+    // Pending work that did not match last cycle: peers are elsewhere.
+    cv_.wait_for(lock, std::chrono::microseconds(*backoff_us),
+                 [&] { return !incoming_.empty() || shutdown_requested_; });
+    *backoff_us = std::min<int64_t>(*backoff_us * 2, 1000);
+  }
+  fresh->swap(incoming_);
+  pending_hint_.store(false, std::memory_order_relaxed);
+  return shutdown_requested_;
+}
+
+void ProcessSetWorker::Admit(std::deque<std::unique_ptr<TensorEntry>>& fresh,
+                             Clock::time_point now) {
+  for (auto& e : fresh) {
+    e->submitted = now;
+    if (timeline_->active()) timeline_->Span(id_, e->request.name, "QUEUE", e->enqueued, now);
+    controller_.Submit(e->request, now);
+    std::string name = e->request.name;
+    entries_[name] = std::move(e);
+  }
+}
+
+bool ProcessSetWorker::NegotiateAndExecute(bool want_shutdown, Clock::time_point now,
+                                           bool* peer_shutdown) {
+  if (timeline_->active() && timeline_->mark_cycles()) {
+    timeline_->Instant(id_, "engine", "CYCLE_START", now);
+  }
+  // Requests cached but unmatched for half the check time go through the
+  // coordinator, so the stall warning can name who has not submitted.
+  double reroute = config_.stall_check_seconds > 0 ? config_.stall_check_seconds / 2 : 0;
+  Controller::Outcome out = controller_.RunCycle(want_shutdown, now, reroute);
+  *peer_shutdown = out.peer_shutdown;
+  const bool decided = !out.responses.empty();
+  RecordNegotiated(out.responses, Clock::now());
+  if (out.params) ApplyTuning(*out.params);
+  std::vector<std::string> scored;
+  int64_t scored_bytes = 0;
+  if (tuner_ && tuner_->active()) {
+    for (const auto& r : out.responses) {
+      if (r.is_error() || r.op == OpType::kJoin || r.op == OpType::kBarrier) continue;
+      scored_bytes += r.TotalBytes();
+      // Unnamed ops get a new name each call and cannot mark steps.
+      if (!r.auto_named) scored.push_back(r.units[0].name);
+    }
+  }
+  Execute(std::move(out.responses));
+  if (tuner_ && tuner_->active()) ScoreCycle(scored, scored_bytes);
+  InspectStalls(Clock::now());
+  return decided;
 }
 
 void ProcessSetWorker::ApplyTuning(const TunedParams& p) {

@@ -66,6 +66,16 @@ class ProcessSetWorker {
 
  private:
   void Loop();
+  // The steps of one turn of Loop, in order. Waits (spinning briefly, then
+  // on cv_) until there is something to negotiate, moves the queued entries
+  // to `fresh`, and returns whether shutdown was requested.
+  bool WaitForWork(bool progressed, int64_t* backoff_us,
+                   std::deque<std::unique_ptr<TensorEntry>>* fresh);
+  // Submits the fresh entries to the controller; the worker owns them from now.
+  void Admit(std::deque<std::unique_ptr<TensorEntry>>& fresh, Clock::time_point now);
+  // One negotiation cycle, then executes what it decided and inspects
+  // stalls; returns whether anything was decided.
+  bool NegotiateAndExecute(bool want_shutdown, Clock::time_point now, bool* peer_shutdown);
   void Execute(std::vector<Response> responses);
   void Complete(std::unique_ptr<TensorEntry> entry, Status status);
   void CompleteByName(const std::string& name, const Status& status);

@@ -9,12 +9,6 @@ namespace hvdcompat {
 
 namespace {
 
-int64_t WaitSpinMicros() {
-  // Not a documented knob: the synchronize() spin before sleeping.
-  const char* v = std::getenv("HVDCOMPAT_WAIT_SPIN_MICROS");
-  return v ? std::max<int64_t>(0, std::atoll(v)) : 100;
-}
-
 std::string RankListString(const std::vector<int>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -27,7 +21,7 @@ constexpr const char* kInitCaller = "hvd.init(process_sets=...)";
 
 Runtime::Runtime(const InitOptions& options)
     : config_(Config::FromEnvironment()),
-      handles_(WaitSpinMicros()),
+      handles_(KnobInt(Knob::kWaitSpinMicros)),
       dynamic_(options.dynamic_process_sets || KnobBool(Knob::kDynamicProcessSets)) {
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());

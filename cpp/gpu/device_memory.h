@@ -56,7 +56,6 @@ class DeviceScratch {
   // At least `bytes` on `device`, in the order of `stream` (the only user);
   // contents are not preserved on growth. Never synchronises the device.
   char* Reserve(size_t bytes, int device, cudaStream_t stream);
-  size_t capacity() const { return capacity_; }
 
   // Frees everything in the order of the last stream; call before that
   // stream is destroyed, after its work drained. Never throws.

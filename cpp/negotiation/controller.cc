@@ -59,12 +59,39 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
                                          double stall_seconds) {
   ++stats_->cycles;
   ++cycles_;
+  // Note [Cycle words].
   const size_t w = cache_.NumWords();
   std::vector<uint64_t> words(FlagWords::Size(w), 0);
   uint64_t* invalid = words.data() + FlagWords::kHeader;
   uint64_t* ready = invalid + w;
 
   std::vector<Request> to_send;
+  const bool joined = MarkLocal(now, stall_seconds, w, invalid, ready, &to_send);
+  const std::string blob = to_send.empty() ? std::string() : EncodeRequests(to_send);
+  words[FlagWords::kOr] = (to_send.empty() ? 0 : kNeedSlowPath) | (want_shutdown ? kShutdown : 0) |
+                          (joined ? kSomeJoined : 0) |
+                          (announce_ ? kParamsUpdate | kNeedSlowPath : 0);
+  words[FlagWords::kAnd] = joined ? kAllJoined : 0;
+  words[FlagWords::kMax] = blob.size();
+
+  transport_->CombineFlags(words);
+
+  Outcome out;
+  out.peer_shutdown = (words[FlagWords::kOr] & kShutdown) != 0;
+  const bool some_joined = (words[FlagWords::kOr] & kSomeJoined) != 0;
+  const bool all_joined = (words[FlagWords::kAnd] & kAllJoined) != 0;
+
+  // Invalidations first: every rank evicts the same entries.
+  ApplyInvalidations(w, invalid);
+  if (!all_joined) TakeCachedReady(w, invalid, ready, some_joined, &out.responses);
+  if (words[FlagWords::kOr] & kNeedSlowPath) {
+    RunSlowPath(blob, words[FlagWords::kMax], (words[FlagWords::kOr] & kParamsUpdate) != 0, &out);
+  }
+  return out;
+}
+
+bool Controller::MarkLocal(Clock::time_point now, double stall_seconds, size_t w,
+                           uint64_t* invalid, uint64_t* ready, std::vector<Request>* to_send) {
   bool joined = false;
   for (auto& l : pending_) {
     if (l.state == State::kUnsent) {
@@ -79,7 +106,7 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
         if (st == ResponseCache::State::kInvalid) SetBit(invalid, bit);
         if (ResponseCache::Cacheable(l.request)) ++stats_->cache_misses;
         l.state = State::kSent;
-        to_send.push_back(l.request);
+        to_send->push_back(l.request);
       }
     }
     if (l.state == State::kCached) {
@@ -102,95 +129,91 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
       if (cache_.Has(bit)) SetBit(ready, bit);
     }
   }
-  std::string blob = to_send.empty() ? std::string() : EncodeRequests(to_send);
-  words[FlagWords::kOr] = (to_send.empty() ? 0 : kNeedSlowPath) | (want_shutdown ? kShutdown : 0) |
-                          (joined ? kSomeJoined : 0) |
-                          (announce_ ? kParamsUpdate | kNeedSlowPath : 0);
-  words[FlagWords::kAnd] = joined ? kAllJoined : 0;
-  words[FlagWords::kMax] = blob.size();
+  return joined;
+}
 
-  transport_->CombineFlags(words);
-
-  Outcome out;
-  out.peer_shutdown = (words[FlagWords::kOr] & kShutdown) != 0;
-  const bool some_joined = (words[FlagWords::kOr] & kSomeJoined) != 0;
-  const bool all_joined = (words[FlagWords::kAnd] & kAllJoined) != 0;
-
-  // Invalidations first: every rank evicts the same entries.
+void Controller::ApplyInvalidations(size_t w, const uint64_t* invalid) {
   for (uint32_t bit = 0; bit < w * 64; ++bit) {
     if (TestBit(invalid, bit) && cache_.Has(bit)) {
       cache_.Erase(bit);
       Demote(bit, false);
     }
   }
-  if (!all_joined) {
-    for (uint32_t bit = 0; bit < w * 64; ++bit) {
-      if (!TestBit(ready, bit) || TestBit(invalid, bit) || !cache_.Has(bit)) continue;
-      const Response& cached = cache_.Get(bit);
-      if (some_joined && cached.op != OpType::kAllreduce) {
-        // Not allowed during join: let the coordinator produce the error.
-        Demote(bit, true);
-        continue;
-      }
-      out.responses.push_back(cached);
-      cache_.Touch(bit);
-      ++stats_->cache_hits;
-      auto it = by_name_.find(cached.units[0].name);
-      if (it != by_name_.end() && it->second->state == State::kCached) Forget(cached.units[0].name);
-    }
-  }
+}
 
-  if (words[FlagWords::kOr] & kNeedSlowPath) {
-    ++stats_->slow_path_cycles;
-    std::vector<std::string> all;
-    transport_->GatherBlobs(blob, words[FlagWords::kMax], &all);
-    std::string reply;
-    if (coordinator_) {
-      // `now` is when this cycle started; the combine may have waited long
-      // for late ranks, and the stall clock of a request starts when it
-      // reaches the coordinator, not before.
-      const Clock::time_point arrived = Clock::now();
-      for (const auto& b : all) {
-        if (b.empty()) continue;
-        for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
-      }
-      reply = EncodeResponses(coordinator_->TakeReady());
-      if (announce_) {
-        reply = EncodeTunedParams(*announce_) + reply;
-        announce_.reset();
-      }
+void Controller::TakeCachedReady(size_t w, const uint64_t* invalid, const uint64_t* ready,
+                                 bool some_joined, std::vector<Response>* responses) {
+  for (uint32_t bit = 0; bit < w * 64; ++bit) {
+    if (!TestBit(ready, bit) || TestBit(invalid, bit) || !cache_.Has(bit)) continue;
+    const Response& cached = cache_.Get(bit);
+    if (some_joined && cached.op != OpType::kAllreduce) {
+      // Not allowed during join: let the coordinator produce the error.
+      Demote(bit, true);
+      continue;
     }
-    transport_->BroadcastBlob(&reply);
-    size_t skip = 0;
-    if (words[FlagWords::kOr] & kParamsUpdate) {
-      out.params = DecodeTunedParams(reply.data(), reply.size());
-      skip = kTunedParamsBytes;
-    }
-    std::vector<Response> decided = DecodeResponses(reply.data() + skip, reply.size() - skip);
-    for (auto& p : decided) {
-      if (cache_.enabled() && ResponseCache::Cacheable(p)) {
-        std::vector<uint32_t> evicted;
-        cache_.Put(p, &evicted);
-        for (uint32_t bit : evicted) Demote(bit, false);
-      }
-      if (p.op == OpType::kJoin) {
-        // Each rank's join request is pending under its own name.
-        for (const auto& l : pending_) {
-          if (l.request.op == OpType::kJoin) {
-            Forget(l.request.name);
-            break;
-          }
-        }
-      } else {
-        for (const auto& u : p.units) {
-          auto it = by_name_.find(u.name);
-          if (it != by_name_.end() && it->second->state == State::kSent) Forget(u.name);
-        }
-      }
-      out.responses.push_back(std::move(p));
-    }
+    responses->push_back(cached);
+    cache_.Touch(bit);
+    ++stats_->cache_hits;
+    auto it = by_name_.find(cached.units[0].name);
+    if (it != by_name_.end() && it->second->state == State::kCached) Forget(cached.units[0].name);
   }
-  return out;
+}
+
+void Controller::RunSlowPath(const std::string& blob, size_t max_blob, bool params_update,
+                             Outcome* out) {
+  ++stats_->slow_path_cycles;
+  std::vector<std::string> all;
+  transport_->GatherBlobs(blob, max_blob, &all);
+  std::string reply = coordinator_ ? Coordinate(all) : std::string();
+  transport_->BroadcastBlob(&reply);
+  size_t skip = 0;
+  if (params_update) {
+    out->params = DecodeTunedParams(reply.data(), reply.size());
+    skip = kTunedParamsBytes;
+  }
+  for (auto& p : DecodeResponses(reply.data() + skip, reply.size() - skip)) {
+    AcceptDecided(p);
+    out->responses.push_back(std::move(p));
+  }
+}
+
+std::string Controller::Coordinate(const std::vector<std::string>& blobs) {
+  // The cycle's `now` is when it started; the combine may have waited long
+  // for late ranks, and the stall clock of a request starts when it reaches
+  // the coordinator, not before.
+  const Clock::time_point arrived = Clock::now();
+  for (const auto& b : blobs) {
+    if (b.empty()) continue;
+    for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
+  }
+  std::string reply = EncodeResponses(coordinator_->TakeReady());
+  if (announce_) {
+    reply = EncodeTunedParams(*announce_) + reply;
+    announce_.reset();
+  }
+  return reply;
+}
+
+void Controller::AcceptDecided(const Response& p) {
+  if (cache_.enabled() && ResponseCache::Cacheable(p)) {
+    std::vector<uint32_t> evicted;
+    cache_.Put(p, &evicted);
+    for (uint32_t bit : evicted) Demote(bit, false);
+  }
+  if (p.op == OpType::kJoin) {
+    // Each rank's join request is pending under its own name.
+    for (const auto& l : pending_) {
+      if (l.request.op == OpType::kJoin) {
+        Forget(l.request.name);
+        break;
+      }
+    }
+    return;
+  }
+  for (const auto& u : p.units) {
+    auto it = by_name_.find(u.name);
+    if (it != by_name_.end() && it->second->state == State::kSent) Forget(u.name);
+  }
 }
 
 }  // namespace hvdcompat

@@ -48,7 +48,6 @@ class Controller {
   // A request submitted on this rank, in submission order.
   void Submit(const Request& request, Clock::time_point now);
   bool HasPending() const { return !pending_.empty(); }
-  size_t NumPending() const { return pending_.size(); }
 
   struct Outcome {
     std::vector<Response> responses;  // unfused, in execution order
@@ -79,6 +78,24 @@ class Controller {
   };
   using LocalList = std::list<Local>;
 
+  // The steps of RunCycle, in order. `w` is the cache's word count for the
+  // cycle; `invalid` and `ready` are the cycle words' bit vectors.
+  // Looks up unsent requests in the cache and marks this rank's bits; returns
+  // whether this rank has joined. Requests the cache cannot serve go to `to_send`.
+  bool MarkLocal(Clock::time_point now, double stall_seconds, size_t w, uint64_t* invalid,
+                 uint64_t* ready, std::vector<Request>* to_send);
+  // Evicts the entries some rank invalidated (the same on every rank).
+  void ApplyInvalidations(size_t w, const uint64_t* invalid);
+  // Cached responses ready on every rank, in bit order (the fast path).
+  void TakeCachedReady(size_t w, const uint64_t* invalid, const uint64_t* ready, bool some_joined,
+                       std::vector<Response>* responses);
+  // Gathers new requests to set rank 0, broadcasts its decisions (and any
+  // announced parameters), and appends them to `out`.
+  void RunSlowPath(const std::string& blob, size_t max_blob, bool params_update, Outcome* out);
+  // Set rank 0: the coordinator's reply to this cycle's gathered requests.
+  std::string Coordinate(const std::vector<std::string>& blobs);
+  // Caches a decided response and retires the local requests it answers.
+  void AcceptDecided(const Response& p);
   void Demote(uint32_t bit, bool bypass_cache);
   void Forget(const std::string& name);
 

@@ -29,7 +29,6 @@ class HostScratch {
   ~HostScratch() { std::free(data_); }
   // At least `bytes` of memory; contents are not preserved on growth.
   char* Reserve(size_t bytes);
-  size_t capacity() const { return capacity_; }
 
  private:
   char* data_ = nullptr;

@@ -23,7 +23,6 @@ class ResponseCache {
 
   explicit ResponseCache(size_t capacity);
 
-  size_t capacity() const { return capacity_; }
   bool enabled() const { return capacity_ > 0; }
   // 64-bit words needed to hold every bit ever used.
   size_t NumWords() const { return (high_water_ + 63) / 64; }

@@ -68,7 +68,7 @@ StallInspector::StallInspector(MPI_Comm comm, std::vector<int> global_ranks, int
       global_ranks_(std::move(global_ranks)),
       process_set_id_(process_set_id),
       check_seconds_(comm == MPI_COMM_NULL ? 0 : check_seconds) {
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_rank(comm_, &rank_);
+  if (comm_ != MPI_COMM_NULL) HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   // Reports arrive a few times per check period, at most once a second.
   double interval = std::max(1.0, check_seconds_ / 4);
   report_interval_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval));
@@ -76,25 +76,30 @@ StallInspector::StallInspector(MPI_Comm comm, std::vector<int> global_ranks, int
 }
 
 StallInspector::~StallInspector() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  if (!sends_.empty()) {
-    for (auto& s : sends_) {
-      // A report nobody will read. Its buffer may still be read by MPI after
-      // the cancel, so it is left allocated (Note [Abandoned requests]).
-      MPI_Cancel(&s.first);
-      MPI_Request_free(&s.first);
+  // Checked like every MPI call, but a destructor reports instead of throwing.
+  try {
+    int finalized = 0;
+    HVD_MPI_CHECK(MPI_COMM_NULL, MPI_Finalized(&finalized));
+    if (finalized) return;
+    if (!sends_.empty()) {
+      // Reports nobody will read. Their buffers may still be read by MPI after
+      // the cancel, so they are left allocated (Note [Abandoned requests]).
+      auto* abandoned = new std::deque<std::pair<MPI_Request, std::string>>(std::move(sends_));
+      for (auto& s : *abandoned) {
+        HVD_MPI_CHECK(comm_, MPI_Cancel(&s.first));
+        HVD_MPI_CHECK(comm_, MPI_Request_free(&s.first));
+      }
     }
-    new std::deque<std::pair<MPI_Request, std::string>>(std::move(sends_));
+    if (comm_ != MPI_COMM_NULL) HVD_MPI_CHECK(comm_, MPI_Comm_free(&comm_));
+  } catch (const std::exception& e) {
+    HVD_LOG(kWarning) << "releasing the stall inspector's communicator failed: " << e.what();
   }
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void StallInspector::SendReport(const std::vector<Pending>& mine, Clock::time_point now) {
   while (!sends_.empty()) {
     int done = 0;
-    MPI_Test(&sends_.front().first, &done, MPI_STATUS_IGNORE);
+    HVD_MPI_CHECK(comm_, MPI_Test(&sends_.front().first, &done, MPI_STATUS_IGNORE));
     if (!done) break;
     sends_.pop_front();
   }
@@ -102,21 +107,21 @@ void StallInspector::SendReport(const std::vector<Pending>& mine, Clock::time_po
   next_report_ = now + report_interval_;
   sends_.emplace_back(MPI_REQUEST_NULL, Encode(mine));
   auto& s = sends_.back();
-  MPI_Isend(s.second.data(), static_cast<int>(s.second.size()), MPI_BYTE, 0, kReportTag, comm_,
-            &s.first);
+  HVD_MPI_CHECK(comm_, MPI_Isend(s.second.data(), static_cast<int>(s.second.size()), MPI_BYTE, 0,
+                                 kReportTag, comm_, &s.first));
 }
 
 void StallInspector::ReadReports(Clock::time_point now) {
   while (true) {
     int flag = 0;
     MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, comm_, &flag, &status) != MPI_SUCCESS || !flag) {
-      return;
-    }
+    HVD_MPI_CHECK(comm_, MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, comm_, &flag, &status));
+    if (!flag) return;
     int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
+    HVD_MPI_CHECK(comm_, MPI_Get_count(&status, MPI_BYTE, &count));
     std::string buf(static_cast<size_t>(count), '\0');
-    MPI_Recv(buf.data(), count, MPI_BYTE, status.MPI_SOURCE, kReportTag, comm_, MPI_STATUS_IGNORE);
+    HVD_MPI_CHECK(comm_, MPI_Recv(buf.data(), count, MPI_BYTE, status.MPI_SOURCE, kReportTag,
+                                  comm_, MPI_STATUS_IGNORE));
     Report r;
     r.received = now;
     if (Decode(buf, &r.pending)) reports_[status.MPI_SOURCE] = std::move(r);

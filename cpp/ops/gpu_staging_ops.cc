@@ -44,19 +44,31 @@ void StagedGpuBackend::Setup() {
 
 void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
   if (!stream_) Setup();
-  const CudaApi& cuda = Cuda();
   DeviceGuard guard(device_);
   for (auto& u : units) {
     if (u.entry && u.entry->ready) u.entry->ready->MakeStreamWait(stream_);
   }
+  size_t bytes = 0;
+  std::vector<Staged> staged = PlanStaging(units, &bytes);
+  char* host = pinned_.Reserve(bytes);
+  CopyInputsToHost(host, staged);
 
+  std::vector<ExecUnit> host_units;
+  size_t k = 0;
+  for (auto& u : units) host_units.push_back({u.unit, u.entry ? staged[k++].copy.get() : nullptr});
+  Response hr = r;
+  hr.device = kCpuDevice;
+  host_->Execute(hr, host_units);
+
+  CopyResultsToDevice(r.dtype, host, staged);
+  auto done = RecordCompletion(events_, stream_, Describe(r), {});
+  for (auto& s : staged) s.entry->result.device_done = done;
+}
+
+std::vector<StagedGpuBackend::Staged> StagedGpuBackend::PlanStaging(
+    std::vector<ExecUnit>& units, size_t* bytes) {
   // Host layout: each input, then each caller-provided output that is not
   // also its input (in-place ops share the slot).
-  struct Staged {
-    TensorEntry* entry;
-    std::unique_ptr<TensorEntry> copy;
-    std::vector<size_t> in_at, out_at;
-  };
   std::vector<Staged> staged;
   size_t total = 0;
   auto place = [&total](size_t bytes) {
@@ -76,7 +88,12 @@ void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) 
     }
     staged.push_back(std::move(s));
   }
-  char* host = pinned_.Reserve(total);
+  *bytes = total;
+  return staged;
+}
+
+void StagedGpuBackend::CopyInputsToHost(char* host, std::vector<Staged>& staged) {
+  const CudaApi& cuda = Cuda();
   for (auto& s : staged) {
     TensorEntry* e = s.entry;
     TensorEntry* c = s.copy.get();
@@ -100,14 +117,11 @@ void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) 
     }
   }
   HVD_CUDA_CHECK(cuda.StreamSynchronize(stream_));
+}
 
-  std::vector<ExecUnit> host_units;
-  size_t k = 0;
-  for (auto& u : units) host_units.push_back({u.unit, u.entry ? staged[k++].copy.get() : nullptr});
-  Response hr = r;
-  hr.device = kCpuDevice;
-  host_->Execute(hr, host_units);
-
+void StagedGpuBackend::CopyResultsToDevice(DataType dtype, const char* host,
+                                           std::vector<Staged>& staged) {
+  const CudaApi& cuda = Cuda();
   for (auto& s : staged) {
     TensorEntry* e = s.entry;
     TensorEntry* c = s.copy.get();
@@ -118,7 +132,7 @@ void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) 
                                       cudaMemcpyHostToDevice, stream_));
     }
     for (auto& ob : c->result.outputs) {
-      OwnedBuffer dev = AllocateDeviceOutput(r.dtype, ob.desc().shape, device_, life_);
+      OwnedBuffer dev = AllocateDeviceOutput(dtype, ob.desc().shape, device_, life_);
       if (ob.desc().Bytes() > 0) {
         HVD_CUDA_CHECK(cuda.MemcpyAsync(dev.data(), ob.data(), ob.desc().Bytes(),
                                         cudaMemcpyHostToDevice, stream_));
@@ -129,8 +143,6 @@ void StagedGpuBackend::Execute(const Response& r, std::vector<ExecUnit>& units) 
   }
   // The host copies (page-locked and core-allocated) are reused or freed next.
   HVD_CUDA_CHECK(cuda.StreamSynchronize(stream_));
-  auto done = RecordCompletion(events_, stream_, Describe(r), {});
-  for (auto& s : staged) s.entry->result.device_done = done;
 }
 
 }  // namespace hvdcompat

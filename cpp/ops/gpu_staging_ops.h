@@ -27,7 +27,20 @@ class StagedGpuBackend : public CollectiveBackend {
   void Execute(const Response& r, std::vector<ExecUnit>& units) override;
 
  private:
+  // One entry's host copy and where its buffers sit in the pinned staging area.
+  struct Staged {
+    TensorEntry* entry;
+    std::unique_ptr<TensorEntry> copy;  // the entry as the host backend sees it
+    std::vector<size_t> in_at, out_at;  // offsets of each input / output
+  };
+
   void Setup();
+  // The steps of Execute, in order: lays out every entry's buffers in host
+  // memory (`bytes` in all), copies the inputs there and waits for
+  // them, then copies the host backend's results back to the device.
+  std::vector<Staged> PlanStaging(std::vector<ExecUnit>& units, size_t* bytes);
+  void CopyInputsToHost(char* host, std::vector<Staged>& staged);
+  void CopyResultsToDevice(DataType dtype, const char* host, std::vector<Staged>& staged);
 
   std::unique_ptr<CollectiveBackend> host_;
   GpuContext* gpu_;

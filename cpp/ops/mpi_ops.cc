@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 
+#include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
 #include "ops/mpi_network_ops.h"
@@ -20,6 +21,12 @@ int ToInt(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+std::vector<int> ToInts(const std::vector<int64_t>& v, const char* what) {
+  std::vector<int> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = ToInt(v[i], what);
+  return out;
+}
+
 // Scale factors with Average folded in (Average = Sum, then 1/size).
 void Scales(const Response& r, int size, double* pre, double* post) {
   *pre = r.prescale;
@@ -32,10 +39,6 @@ void Scales(const Response& r, int size, double* pre, double* post) {
 bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
 
 }  // namespace
-
-int64_t ReducescatterRows(int64_t rows, int size, int rank) {
-  return rows / size + (rank < rows % size ? 1 : 0);
-}
 
 MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
                        EngineStats* stats)
@@ -232,78 +235,62 @@ void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
 
 void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const size_t esize = DataTypeSize(r.dtype);
-  struct T {
-    TensorEntry* entry;
-    size_t index;
-    int64_t row_elems;
-  };
-  std::vector<T> tensors;
+  std::vector<std::pair<TensorEntry*, const BufferDesc*>> tensors;
   for (auto& u : units) {
     HVD_ENFORCE(u.entry, "allgather on a joined rank");
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      tensors.push_back({u.entry, t, ShapeRowElements(u.entry->inputs[t].shape)});
+      tensors.emplace_back(u.entry, &u.entry->inputs[t]);
     }
   }
   const size_t n = tensors.size();
   std::vector<int64_t> mine(n), dims(n * size_);
-  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].entry->inputs[tensors[i].index].shape[0];
+  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].second->shape[0];
   MPI_Request req;
   HVD_MPI_CHECK(comm_, MPI_Iallgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
                                       static_cast<int>(n), MPI_INT64_T, comm_, &req));
   Wait(&req, "allgather of first dimensions");
+  // One tensor is gathered as elements of its type; fused tensors as bytes.
+  const bool fused = n > 1;
+  std::vector<int64_t> row_sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    row_sizes[i] = tensors[i].second->RowElements() * (fused ? static_cast<int64_t>(esize) : 1);
+  }
+  const GatherLayout g = PlanAllgather(dims, row_sizes, size_);
   // Outputs, allocated here now that every rank's first dimension is known.
   std::vector<char*> outs(n);
   for (size_t i = 0; i < n; ++i) {
-    int64_t rows = 0;
-    for (int rk = 0; rk < size_; ++rk) rows += dims[rk * n + i];
-    Shape shape = tensors[i].entry->inputs[tensors[i].index].shape;
-    shape[0] = rows;
-    tensors[i].entry->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
-    outs[i] = static_cast<char*>(tensors[i].entry->result.outputs.back().data());
+    Shape shape = tensors[i].second->shape;
+    shape[0] = g.out_rows[i];
+    auto& results = tensors[i].first->result.outputs;
+    results.push_back(OwnedBuffer::Allocate(r.dtype, shape));
+    outs[i] = static_cast<char*>(results.back().data());
   }
-  if (n == 1) {
-    std::vector<int> counts(size_), displs(size_);
-    int64_t at = 0;
-    for (int rk = 0; rk < size_; ++rk) {
-      counts[rk] = ToInt(dims[rk] * tensors[0].row_elems, "allgather");
-      displs[rk] = ToInt(at, "allgather output");
-      at += dims[rk] * tensors[0].row_elems;
-    }
-    const BufferDesc& in = tensors[0].entry->inputs[tensors[0].index];
-    MPI_Datatype type = ops_->Type(r.dtype);
-    AllgathervBlocks(in.data, counts[rank_], outs[0], counts, displs, type, esize);
+  if (!fused) {
+    const std::vector<int> counts = ToInts(g.rank_counts, "allgather");
+    const std::vector<int> displs = ToInts(g.rank_displs, "allgather output");
+    AllgathervBlocks(tensors[0].second->data, counts[rank_], outs[0], counts, displs,
+                     ops_->Type(r.dtype), esize);
     return;
   }
   // Fused: pack this rank's tensors back to back, gather every rank's block,
   // then scatter the blocks into the outputs.
-  std::vector<int64_t> rank_bytes(size_, 0);
-  for (int rk = 0; rk < size_; ++rk) {
-    for (size_t i = 0; i < n; ++i) rank_bytes[rk] += dims[rk * n + i] * tensors[i].row_elems * esize;
-  }
-  std::vector<int> counts(size_), displs(size_);
-  int64_t total = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    counts[rk] = ToInt(rank_bytes[rk], "fused allgather bytes");
-    displs[rk] = ToInt(total, "fused allgather bytes");
-    total += rank_bytes[rk];
-  }
-  char* send = scratch_a_.Reserve(static_cast<size_t>(rank_bytes[rank_]));
+  const std::vector<int> counts = ToInts(g.rank_counts, "fused allgather bytes");
+  const std::vector<int> displs = ToInts(g.rank_displs, "fused allgather bytes");
+  char* send = scratch_a_.Reserve(static_cast<size_t>(g.rank_counts[rank_]));
   int64_t at = 0;
   for (size_t i = 0; i < n; ++i) {
-    const BufferDesc& in = tensors[i].entry->inputs[tensors[i].index];
-    std::memcpy(send + at, in.data, in.Bytes());
-    at += in.Bytes();
+    std::memcpy(send + at, tensors[i].second->data, g.Count(rank_, i));
+    at += g.Count(rank_, i);
   }
-  char* recv = scratch_b_.Reserve(static_cast<size_t>(total));
+  char* recv = scratch_b_.Reserve(static_cast<size_t>(g.total));
   AllgathervBlocks(send, counts[rank_], recv, counts, displs, MPI_BYTE, 1);
   std::vector<int64_t> out_at(n, 0);
   at = 0;
   for (int rk = 0; rk < size_; ++rk) {
     for (size_t i = 0; i < n; ++i) {
-      int64_t bytes = dims[rk * n + i] * tensors[i].row_elems * esize;
-      std::memcpy(outs[i] + out_at[i], recv + at, bytes);
-      out_at[i] += bytes;
-      at += bytes;
+      std::memcpy(outs[i] + out_at[i], recv + at, g.Count(rk, i));
+      out_at[i] += g.Count(rk, i);
+      at += g.Count(rk, i);
     }
   }
 }
@@ -392,7 +379,7 @@ void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
     HVD_ENFORCE(u.entry, "alltoall on a joined rank");
     TensorEntry* e = u.entry;
     const BufferDesc& in = e->inputs[0];
-    const int64_t row = ShapeRowElements(in.shape);
+    const int64_t row = in.RowElements();
     const std::vector<int64_t>& send_rows = e->splits[0];
     const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
     int64_t total_rows = 0;
@@ -426,59 +413,47 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
   Scales(r, size_, &pre, &post);
-  struct T {
-    const BufferDesc* in;
-    const BufferDesc* out;
-    int64_t rows, row_elems;
-  };
-  std::vector<T> tensors;
+  std::vector<std::pair<const BufferDesc*, const BufferDesc*>> tensors;  // input, output
+  std::vector<int64_t> rows, row_elems;
   for (auto& u : units) {
     HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
       const BufferDesc& in = u.entry->inputs[t];
-      tensors.push_back({&in, &u.entry->outputs[t], in.shape.empty() ? 1 : in.shape[0],
-                         ShapeRowElements(in.shape)});
+      tensors.emplace_back(&in, &u.entry->outputs[t]);
+      rows.push_back(in.shape.empty() ? 1 : in.shape[0]);
+      row_elems.push_back(in.RowElements());
     }
   }
   // Rank-major layout: the block every rank receives is contiguous.
-  std::vector<int> counts(size_);
-  int64_t total = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    int64_t c = 0;
-    for (const auto& t : tensors) c += ReducescatterRows(t.rows, size_, rk) * t.row_elems;
-    counts[rk] = ToInt(c, "reducescatter count");
-    total += c;
-  }
+  const ScatterLayout s = PlanReducescatter(rows, row_elems, size_);
+  const std::vector<int> counts = ToInts(s.rank_counts, "reducescatter count");
+  const int64_t total = s.total;
   MPI_Datatype type = ops_->Type(wire);
   MPI_Op op = ops_->Op(r.reduce_op);
   if (tensors.size() == 1 && wire == r.dtype) {
-    const char* src = static_cast<const char*>(tensors[0].in->data);
+    const char* src = static_cast<const char*>(tensors[0].first->data);
+    void* out = tensors[0].second->data;
     if (pre != 1.0) {
       char* scaled = scratch_a_.Reserve(static_cast<size_t>(total) * esize);
       ScaleCopy(scaled, src, total, r.dtype, pre);
       src = scaled;
     }
     MPI_Request req;
-    HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(src, tensors[0].out->data, counts.data(), type, op,
-                                             comm_, &req));
+    HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(src, out, counts.data(), type, op, comm_, &req));
     Wait(&req, "reducescatter");
     if (post != 1.0) {
-      ScaleCopy(tensors[0].out->data, tensors[0].out->data, counts[rank_], r.dtype, post,
-                PostInDouble(r.reduce_op));
+      ScaleCopy(out, out, counts[rank_], r.dtype, post, PostInDouble(r.reduce_op));
     }
     return;
   }
   char* send = scratch_a_.Reserve(static_cast<size_t>(total) * wsize);
   int64_t at = 0;
   for (int rk = 0; rk < size_; ++rk) {
-    for (const auto& t : tensors) {
-      int64_t first_row = 0;
-      for (int k = 0; k < rk; ++k) first_row += ReducescatterRows(t.rows, size_, k);
-      int64_t n = ReducescatterRows(t.rows, size_, rk) * t.row_elems;
+    for (size_t i = 0; i < tensors.size(); ++i) {
       ConvertScale(send + at * wsize, wire,
-                   static_cast<const char*>(t.in->data) + first_row * t.row_elems * esize, r.dtype,
-                   n, pre);
-      at += n;
+                   static_cast<const char*>(tensors[i].first->data) + s.Offset(rk, i) * esize,
+                   r.dtype, s.Count(rk, i), pre);
+      at += s.Count(rk, i);
     }
   }
   char* recv = scratch_b_.Reserve(static_cast<size_t>(counts[rank_]) * wsize);
@@ -486,11 +461,10 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, recv, counts.data(), type, op, comm_, &req));
   Wait(&req, "fused reducescatter");
   at = 0;
-  for (const auto& t : tensors) {
-    int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;
-    ConvertScale(t.out->data, r.dtype, recv + at * wsize, wire, n, post,
-                 PostInDouble(r.reduce_op));
-    at += n;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ConvertScale(tensors[i].second->data, r.dtype, recv + at * wsize, wire, s.Count(rank_, i),
+                 post, PostInDouble(r.reduce_op));
+    at += s.Count(rank_, i);
   }
 }
 

@@ -25,11 +25,13 @@ class NetworkAllreduce;
 // postscale), chunk after chunk. The chunk stays in cache between the three
 // steps, so a CPU whose limit is memory bandwidth reads each input once and
 // writes each output once, instead of streaming the whole payload through
-// DRAM three extra times. Tensors of at least `inplace_min_bytes` skip the
-// fusion copy and are reduced in place in calls of at most `max_call_bytes`:
-// Open MPI allocates a message-sized temporary for large calls (a fresh mmap
-// each time past 32 MiB), so a 64 MiB reduction runs 2-3x faster as 4 MiB
-// calls, and the postscale (1/size for Average) then runs on cache-hot data.
+// DRAM three extra times. An unfused tensor, and a fused one of at least
+// `inplace_min_bytes`, skips the fusion copy and is reduced in place in
+// equal calls of at most `max_call_bytes` (HVDCOMPAT_MAX_CALL_BYTES, 16 MiB
+// by default; 24 MiB goes as two 12 MiB calls): Open MPI allocates a
+// message-sized temporary for large calls (a fresh mmap each time past
+// 32 MiB), so a large reduction runs faster as several such calls, and the
+// postscale (1/size for Average) then runs on cache-hot data.
 // Out-of-place reductions without a prescale reduce from the input straight
 // into the output (one pass over each; the library may still stage
 // internally); with a prescale, the scaling pass writes the output and the
@@ -91,9 +93,5 @@ class MpiBackend : public CollectiveBackend {
   std::unique_ptr<NetworkAllreduce> network_;
   EngineStats* stats_;
 };
-
-// Rows of dim 0 that set rank `rank` receives when `rows` are scattered over
-// `size` ranks: the first rows % size ranks get one extra row.
-int64_t ReducescatterRows(int64_t rows, int size, int rank);
 
 }  // namespace hvdcompat

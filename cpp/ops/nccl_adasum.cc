@@ -9,9 +9,7 @@
 
 namespace hvdcompat {
 
-void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
-  const NcclApi& nccl = Nccl();
-  const CudaApi& cuda = Cuda();
+void NcclBackend::SetupAdasum(const Response& r, Lane& lane) {
   if (!adasum_) {
     // Collective over the set: every rank reaches its first Adasum response together.
     SplitNodes();
@@ -35,12 +33,17 @@ void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& unit
                                             "node-local NCCL communicator (Adasum)");
     lane.sources.push_back(lane.local);
   }
+}
+
+void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  const CudaApi& cuda = Cuda();
+  SetupAdasum(r, lane);
   ncclDataType_t type;
   HVD_ENFORCE(NcclReduceType(r.dtype, version_, &type), "no NCCL type");
   const size_t esize = DataTypeSize(r.dtype);
   const AdasumLayout layout = AdasumLayoutOf(units);
   const std::vector<AdasumPiece>& pieces = layout.pieces;
-  const std::vector<int64_t>& counts = layout.counts;
   const int64_t total = layout.total;
   if (total == 0) return;
   // Every node rank gets an equal shard; the padding belongs to no tensor.
@@ -67,7 +70,23 @@ void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& unit
     HVD_NCCL_CHECK(launch.get(), nccl.ReduceScatter(buf, mine, static_cast<size_t>(chunk), type,
                                                     ncclSum, launch.get(), lane.stream));
   }
-  // Across nodes, on the host.
+  AdasumAcrossNodes(r, mine, chunk, layout.counts, lane);
+  if (local_size_ > 1) {
+    NcclComm::Launch launch(*lane.local);
+    HVD_NCCL_CHECK(launch.get(), nccl.AllGather(mine, buf, static_cast<size_t>(chunk), type,
+                                                launch.get(), lane.stream));
+  }
+  at = 0;
+  for (const auto& p : pieces) {
+    if (p.out) CopyDevice(p.out, buf + at * esize, static_cast<size_t>(p.count) * esize, lane);
+    at += p.count;
+  }
+}
+
+void NcclBackend::AdasumAcrossNodes(const Response& r, char* mine, int64_t chunk,
+                                    const std::vector<int64_t>& counts, Lane& lane) {
+  const CudaApi& cuda = Cuda();
+  const size_t esize = DataTypeSize(r.dtype);
   const size_t shard_bytes = static_cast<size_t>(chunk) * esize;
   char* host = adasum_pinned_.Reserve(std::max<size_t>(shard_bytes, 1));
   HVD_CUDA_CHECK(cuda.MemcpyAsync(host, mine, shard_bytes, cudaMemcpyDeviceToHost, lane.stream));
@@ -86,16 +105,6 @@ void NcclBackend::AdasumAllreduce(const Response& r, std::vector<ExecUnit>& unit
   HVD_CUDA_CHECK(cuda.MemcpyAsync(mine, host, shard_bytes, cudaMemcpyHostToDevice, lane.stream));
   // The page-locked buffer is reused by the next Adasum, perhaps on another lane.
   HVD_CUDA_CHECK(cuda.StreamSynchronize(lane.stream));
-  if (local_size_ > 1) {
-    NcclComm::Launch launch(*lane.local);
-    HVD_NCCL_CHECK(launch.get(), nccl.AllGather(mine, buf, static_cast<size_t>(chunk), type,
-                                                launch.get(), lane.stream));
-  }
-  at = 0;
-  for (const auto& p : pieces) {
-    if (p.out) CopyDevice(p.out, buf + at * esize, static_cast<size_t>(p.count) * esize, lane);
-    at += p.count;
-  }
 }
 
 }  // namespace hvdcompat

@@ -7,7 +7,7 @@
 
 #include "gpu/gpu_check.h"
 #include "transport/mpi_util.h"
-#include "ops/mpi_ops.h"
+#include "ops/collective_layout.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/nccl_ops.h"
 
@@ -45,20 +45,19 @@ constexpr size_t kMaxPitch = size_t{1} << 30;
 }  // namespace
 
 void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lane& lane) {
-  const NcclApi& nccl = Nccl();
-  const CudaApi& cuda = Cuda();
   const size_t esize = DataTypeSize(r.dtype);
   struct T {
     TensorEntry* entry;
     const BufferDesc* in;
-    size_t row_bytes;
   };
   std::vector<T> tensors;
+  std::vector<int64_t> row_bytes;
   for (auto& u : units) {
     HVD_ENFORCE(u.entry, "allgather on a joined rank");
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
       const BufferDesc& in = u.entry->inputs[t];
-      tensors.push_back({u.entry, &in, static_cast<size_t>(in.RowElements()) * esize});
+      tensors.push_back({u.entry, &in});
+      row_bytes.push_back(in.RowElements() * static_cast<int64_t>(esize));
     }
   }
   const size_t n = tensors.size();
@@ -66,120 +65,108 @@ void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lan
   for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].in->shape[0];
   HVD_MPI_CHECK(comm_, MPI_Allgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
                                      static_cast<int>(n), MPI_INT64_T, comm_));
-  auto bytes = [&](int rk, size_t i) {
-    return static_cast<size_t>(dims[rk * n + i]) * tensors[i].row_bytes;
-  };
-  std::vector<size_t> rank_bytes(size_, 0), displ(size_, 0);
-  size_t total = 0;
-  bool uniform = true;  // every tensor has the same first dimension on every rank
-  for (int rk = 0; rk < size_; ++rk) {
-    for (size_t i = 0; i < n; ++i) {
-      rank_bytes[rk] += bytes(rk, i);
-      if (dims[rk * n + i] != dims[i]) uniform = false;
-    }
-    displ[rk] = total;
-    total += rank_bytes[rk];
-  }
-  const bool even = std::all_of(rank_bytes.begin(), rank_bytes.end(),
-                                [&](size_t b) { return b == rank_bytes[0]; });
+  const GatherLayout g = PlanAllgather(dims, row_bytes, size_);
   std::vector<char*> outs(n);
   for (size_t i = 0; i < n; ++i) {
-    int64_t rows = 0;
-    for (int rk = 0; rk < size_; ++rk) rows += dims[rk * n + i];
     Shape shape = tensors[i].in->shape;
-    shape[0] = rows;
+    shape[0] = g.out_rows[i];
     auto& results = tensors[i].entry->result.outputs;
     results.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     outs[i] = static_cast<char*>(results.back().data());
   }
-  if (total == 0) return;
-
-  // Gathers every rank's block into `base`, where this rank's block already
-  // sits at its offset (or, when `send` is given, is read from there).
-  auto gather = [&](char* base, const char* send) {
-    NcclComm::Launch launch(*lane.comm);
-    if (even) {
-      HVD_NCCL_CHECK(launch.get(),
-                     nccl.AllGather(send ? send : base + displ[rank_], base, rank_bytes[rank_],
-                                    ncclUint8, launch.get(), lane.stream));
-      return;
-    }
-    const size_t largest = *std::max_element(rank_bytes.begin(), rank_bytes.end());
-    if (largest * static_cast<size_t>(size_) <= kMaxPaddingFactor * total) {
-      // Mildly uneven (the usual last batch): one allgather of blocks padded
-      // to the largest, in place in the padding buffer, then each block moved
-      // to its offset by a device copy.
-      char* pad = lane.padded.Reserve(largest * static_cast<size_t>(size_), device_,
-                                      lane.stream);
-      CopyDevice(pad + largest * static_cast<size_t>(rank_), base + displ[rank_],
-                 rank_bytes[rank_], lane);
-      HVD_NCCL_CHECK(launch.get(),
-                     nccl.AllGather(pad + largest * static_cast<size_t>(rank_), pad, largest,
-                                    ncclUint8, launch.get(), lane.stream));
-      for (int rk = 0; rk < size_; ++rk) {
-        if (rk != rank_) {
-          CopyDevice(base + displ[rk], pad + largest * static_cast<size_t>(rk), rank_bytes[rk],
-                     lane);
-        }
-      }
-      return;
-    }
-    // Very uneven: padding would move too much; every rank sends its block
-    // to every other rank directly, one group (one kernel) of send/receive pairs.
-    NcclGroup group(launch.get());
-    for (int rk = 0; rk < size_; ++rk) {
-      if (rk == rank_) continue;
-      if (rank_bytes[rank_] > 0) {
-        HVD_NCCL_CHECK(launch.get(), nccl.Send(base + displ[rank_], rank_bytes[rank_], ncclUint8,
-                                               rk, launch.get(), lane.stream));
-      }
-      if (rank_bytes[rk] > 0) {
-        HVD_NCCL_CHECK(launch.get(), nccl.Recv(base + displ[rk], rank_bytes[rk], ncclUint8, rk,
-                                               launch.get(), lane.stream));
-      }
-    }
-    group.End();
-  };
+  if (g.total == 0) return;
 
   if (n == 1) {
     const char* in = static_cast<const char*>(tensors[0].in->data);
-    if (even) {
-      gather(outs[0], in);
+    if (g.even) {
+      GatherBlocks(g, outs[0], in, lane);
     } else {
-      CopyDevice(outs[0] + displ[rank_], in, rank_bytes[rank_], lane);
-      gather(outs[0], nullptr);
+      CopyDevice(outs[0] + g.rank_displs[rank_], in, g.rank_counts[rank_], lane);
+      GatherBlocks(g, outs[0], nullptr, lane);
     }
     return;
   }
   // Fused: blocks are rank-major (each rank's tensors back to back).
-  char* buf = lane.fusion.Reserve(total, device_, lane.stream);
-  size_t at = displ[rank_];
+  char* buf = lane.fusion.Reserve(g.total, device_, lane.stream);
+  size_t at = g.rank_displs[rank_];
   for (size_t i = 0; i < n; ++i) {
-    CopyDevice(buf + at, tensors[i].in->data, bytes(rank_, i), lane);
-    at += bytes(rank_, i);
+    CopyDevice(buf + at, tensors[i].in->data, g.Count(rank_, i), lane);
+    at += g.Count(rank_, i);
   }
-  gather(buf, nullptr);
-  if (uniform && rank_bytes[0] < kMaxPitch) {
+  GatherBlocks(g, buf, nullptr, lane);
+  UnpackGathered(g, buf, outs, lane);
+}
+
+void NcclBackend::GatherBlocks(const GatherLayout& g, char* base, const char* send, Lane& lane) {
+  const NcclApi& nccl = Nccl();
+  NcclComm::Launch launch(*lane.comm);
+  const size_t mine = g.rank_counts[rank_];
+  char* my_block = base + g.rank_displs[rank_];
+  if (g.even) {
+    HVD_NCCL_CHECK(launch.get(), nccl.AllGather(send ? send : my_block, base, mine, ncclUint8,
+                                                launch.get(), lane.stream));
+    return;
+  }
+  const size_t largest = g.largest;
+  const size_t ranks = static_cast<size_t>(size_);
+  if (largest * ranks <= kMaxPaddingFactor * static_cast<size_t>(g.total)) {
+    // Mildly uneven (the usual last batch): one allgather of blocks padded
+    // to the largest, in place in the padding buffer, then each block moved
+    // to its offset by a device copy.
+    char* pad = lane.padded.Reserve(largest * ranks, device_, lane.stream);
+    char* my_pad = pad + largest * static_cast<size_t>(rank_);
+    CopyDevice(my_pad, my_block, mine, lane);
+    HVD_NCCL_CHECK(launch.get(), nccl.AllGather(my_pad, pad, largest, ncclUint8, launch.get(),
+                                                lane.stream));
+    for (int rk = 0; rk < size_; ++rk) {
+      if (rk != rank_) {
+        CopyDevice(base + g.rank_displs[rk], pad + largest * static_cast<size_t>(rk),
+                   g.rank_counts[rk], lane);
+      }
+    }
+    return;
+  }
+  // Very uneven: padding would move too much; every rank sends its block
+  // to every other rank directly, one group (one kernel) of send/receive pairs.
+  NcclGroup group(launch.get());
+  for (int rk = 0; rk < size_; ++rk) {
+    if (rk == rank_) continue;
+    if (mine > 0) {
+      HVD_NCCL_CHECK(launch.get(),
+                     nccl.Send(my_block, mine, ncclUint8, rk, launch.get(), lane.stream));
+    }
+    if (g.rank_counts[rk] > 0) {
+      HVD_NCCL_CHECK(launch.get(), nccl.Recv(base + g.rank_displs[rk], g.rank_counts[rk],
+                                             ncclUint8, rk, launch.get(), lane.stream));
+    }
+  }
+  group.End();
+}
+
+void NcclBackend::UnpackGathered(const GatherLayout& g, const char* buf,
+                                 const std::vector<char*>& outs, Lane& lane) {
+  const size_t block = g.rank_counts[0];
+  if (g.uniform && block < kMaxPitch) {
     // Same layout in every block: one strided copy per tensor.
     size_t offset = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const size_t width = bytes(0, i);
+    for (size_t i = 0; i < g.tensors; ++i) {
+      const size_t width = g.Count(0, i);
       if (width > 0) {
-        HVD_CUDA_CHECK(cuda.Memcpy2DAsync(outs[i], width, buf + offset, rank_bytes[0], width,
-                                          static_cast<size_t>(size_), cudaMemcpyDeviceToDevice,
-                                          lane.stream));
+        HVD_CUDA_CHECK(Cuda().Memcpy2DAsync(outs[i], width, buf + offset, block, width,
+                                            static_cast<size_t>(size_), cudaMemcpyDeviceToDevice,
+                                            lane.stream));
       }
       offset += width;
     }
     return;
   }
-  std::vector<size_t> out_at(n, 0);
+  std::vector<size_t> out_at(g.tensors, 0);
   for (int rk = 0; rk < size_; ++rk) {
-    at = displ[rk];
-    for (size_t i = 0; i < n; ++i) {
-      CopyDevice(outs[i] + out_at[i], buf + at, bytes(rk, i), lane);
-      out_at[i] += bytes(rk, i);
-      at += bytes(rk, i);
+    size_t at = g.rank_displs[rk];
+    for (size_t i = 0; i < g.tensors; ++i) {
+      CopyDevice(outs[i] + out_at[i], buf + at, g.Count(rk, i), lane);
+      out_at[i] += g.Count(rk, i);
+      at += g.Count(rk, i);
     }
   }
 }
@@ -242,28 +229,24 @@ void NcclBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units,
   struct T {
     const char* in;
     char* out;
-    int64_t rows, row_elems;
   };
   std::vector<T> tensors;
+  std::vector<int64_t> rows, row_elems;
   for (auto& u : units) {
     HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
       const BufferDesc& in = u.entry->inputs[t];
       tensors.push_back({static_cast<const char*>(in.data),
-                         static_cast<char*>(u.entry->outputs[t].data),
-                         in.shape.empty() ? 1 : in.shape[0], in.RowElements()});
+                         static_cast<char*>(u.entry->outputs[t].data)});
+      rows.push_back(in.shape.empty() ? 1 : in.shape[0]);
+      row_elems.push_back(in.RowElements());
     }
   }
   // Elements each rank receives: the first rows % size ranks get one more row.
-  std::vector<int64_t> counts(size_, 0);
-  for (int rk = 0; rk < size_; ++rk) {
-    for (const auto& t : tensors) counts[rk] += ReducescatterRows(t.rows, size_, rk) * t.row_elems;
-  }
-  const int64_t block = *std::max_element(counts.begin(), counts.end());
+  const ScatterLayout s = PlanReducescatter(rows, row_elems, size_);
+  const int64_t block = s.largest;
   if (block == 0) return;
-  const bool even = std::all_of(counts.begin(), counts.end(),
-                                [&](int64_t c) { return c == counts[0]; });
-  if (tensors.size() == 1 && even) {
+  if (tensors.size() == 1 && s.even) {
     NcclComm::Launch launch(*lane.comm);
     ScopedRedOp op(plan, r.dtype, launch.get());
     HVD_NCCL_CHECK(launch.get(), nccl.ReduceScatter(tensors[0].in, tensors[0].out,
@@ -276,13 +259,10 @@ void NcclBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units,
                                   lane.stream);
   for (int rk = 0; rk < size_; ++rk) {
     int64_t at = rk * block;
-    for (const auto& t : tensors) {
-      int64_t first_row = 0;
-      for (int k = 0; k < rk; ++k) first_row += ReducescatterRows(t.rows, size_, k);
-      const int64_t n = ReducescatterRows(t.rows, size_, rk) * t.row_elems;
-      CopyDevice(buf + at * esize, t.in + first_row * t.row_elems * esize,
-                 static_cast<size_t>(n) * esize, lane);
-      at += n;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      CopyDevice(buf + at * esize, tensors[i].in + s.Offset(rk, i) * esize,
+                 static_cast<size_t>(s.Count(rk, i)) * esize, lane);
+      at += s.Count(rk, i);
     }
   }
   char* mine = buf + static_cast<size_t>(rank_ * block) * esize;
@@ -293,10 +273,10 @@ void NcclBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units,
                                                     op.get(), launch.get(), lane.stream));
   }
   int64_t at = 0;
-  for (const auto& t : tensors) {
-    const int64_t n = ReducescatterRows(t.rows, size_, rank_) * t.row_elems;
-    CopyDevice(t.out, mine + at * esize, static_cast<size_t>(n) * esize, lane);
-    at += n;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    CopyDevice(tensors[i].out, mine + at * esize, static_cast<size_t>(s.Count(rank_, i)) * esize,
+               lane);
+    at += s.Count(rank_, i);
   }
 }
 

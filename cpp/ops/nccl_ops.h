@@ -16,6 +16,7 @@
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/adasum_mpi.h"
+#include "ops/collective_layout.h"
 #include "ops/backend.h"
 
 namespace hvdcompat {
@@ -101,6 +102,12 @@ class NcclBackend : public CollectiveBackend {
   void Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   // Note [GPU Adasum] (ops/nccl_adasum.cc).
   void AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // Its steps: the node split and cross-node reducer (collective, once) and
+  // the lane's node communicator; then this rank's shard (`chunk` elements at
+  // `mine` on the device) combined across nodes on the host.
+  void SetupAdasum(const Response& r, Lane& lane);
+  void AdasumAcrossNodes(const Response& r, char* mine, int64_t chunk,
+                         const std::vector<int64_t>& counts, Lane& lane);
   // local_mpi_ / cross_mpi_ from the node layout (collective over the set; once).
   void SplitNodes();
   void HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
@@ -108,6 +115,12 @@ class NcclBackend : public CollectiveBackend {
   void JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane);
   void Broadcast(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void Allgather(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
+  // Gathers every rank's block of `g` (bytes) into `base`, where this rank's
+  // block already sits at its offset, or, when `send` is given, is read there.
+  void GatherBlocks(const GatherLayout& g, char* base, const char* send, Lane& lane);
+  // Copies the rank-major blocks of a fused allgather from `buf` to the outputs.
+  void UnpackGathered(const GatherLayout& g, const char* buf, const std::vector<char*>& outs,
+                      Lane& lane);
   void Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void Reducescatter(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane);

@@ -12,6 +12,7 @@
 #include "autotune/gaussian_process.h"
 #include "autotune/parameter_manager.h"
 #include "negotiation/controller.h"
+#include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
 #include "testing/fake_transport.h"
 #include "negotiation/fusion.h"
@@ -308,6 +309,41 @@ void RegisterAutotuneTesting(py::module_& m) {
   m.attr("AUTOTUNE_SAMPLES_PER_SCORE") = ParameterManager::kSamplesPerScore;
 }
 
+void RegisterLayoutTesting(py::module_& m) {
+  m.def(
+      "plan_allgather",
+      [](const std::vector<int64_t>& rows, const std::vector<int64_t>& row_sizes, int size) {
+        const GatherLayout g = PlanAllgather(rows, row_sizes, size);
+        py::dict d;
+        d["counts"] = g.counts;
+        d["rank_counts"] = g.rank_counts;
+        d["rank_displs"] = g.rank_displs;
+        d["out_rows"] = g.out_rows;
+        d["total"] = g.total;
+        d["largest"] = g.largest;
+        d["even"] = g.even;
+        d["uniform"] = g.uniform;
+        return d;
+      },
+      py::arg("rows"), py::arg("row_sizes"), py::arg("size"),
+      "The backends' allgather layout (ops/collective_layout.h); rows are rank-major.");
+  m.def(
+      "plan_reducescatter",
+      [](const std::vector<int64_t>& rows, const std::vector<int64_t>& row_sizes, int size) {
+        const ScatterLayout s = PlanReducescatter(rows, row_sizes, size);
+        py::dict d;
+        d["counts"] = s.counts;
+        d["offsets"] = s.offsets;
+        d["rank_counts"] = s.rank_counts;
+        d["total"] = s.total;
+        d["largest"] = s.largest;
+        d["even"] = s.even;
+        return d;
+      },
+      py::arg("rows"), py::arg("row_sizes"), py::arg("size"),
+      "The backends' reducescatter layout (ops/collective_layout.h).");
+}
+
 }  // namespace
 
 void RegisterTestingBindings(py::module_& m) {
@@ -382,6 +418,7 @@ void RegisterTestingBindings(py::module_& m) {
   m.def("simulate_announce", &Simulate, py::arg("size"), py::arg("cache_capacity"),
         py::arg("rounds"), py::arg("announce"));
   RegisterAutotuneTesting(m);
+  RegisterLayoutTesting(m);
   m.def("float_to_half_bits", [](const std::vector<float>& v) {
     std::vector<uint16_t> out;
     for (float f : v) out.push_back(FloatToHalf(f));

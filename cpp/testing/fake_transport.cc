@@ -23,7 +23,7 @@ void FakeTransport::CombineFlags(std::vector<uint64_t>& words) {
   net_->Rendezvous();
   std::vector<uint64_t> acc = net_->words[0];
   for (int r = 1; r < size(); ++r) {
-    HVD_ENFORCE(net_->words[r].size() == acc.size(), "ranks combined different word counts");
+    HVD_ENFORCE_EQ(net_->words[r].size(), acc.size(), "ranks combined different word counts");
     FlagWords::Combine(acc.data(), net_->words[r].data(), acc.size());
   }
   net_->Rendezvous();
@@ -32,7 +32,7 @@ void FakeTransport::CombineFlags(std::vector<uint64_t>& words) {
 
 void FakeTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                                 std::vector<std::string>* all) {
-  HVD_ENFORCE(mine.size() <= max_bytes, "blob above the agreed maximum");
+  HVD_ENFORCE_LE(mine.size(), max_bytes, "blob above the agreed maximum");
   net_->blobs[rank_] = mine;
   net_->Rendezvous();
   if (rank_ == 0) *all = net_->blobs;

@@ -54,8 +54,8 @@ void MpiTransport::CombineFlags(std::vector<uint64_t>& words) {
 void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                                std::vector<std::string>* all) {
   const size_t slot = max_bytes + sizeof(uint32_t);
-  HVD_ENFORCE(mine.size() <= max_bytes, "request blob larger than the agreed maximum");
-  HVD_ENFORCE(slot < static_cast<size_t>(INT32_MAX), "request list too large: " << slot);
+  HVD_ENFORCE_LE(mine.size(), max_bytes, "request blob larger than the agreed maximum");
+  HVD_ENFORCE_LT(slot, static_cast<size_t>(INT32_MAX), "request list too large");
   gather_send_.assign(slot, 0);
   uint32_t len = static_cast<uint32_t>(mine.size());
   std::memcpy(gather_send_.data(), &len, sizeof(len));
@@ -72,7 +72,7 @@ void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
     const char* p = gather_recv_.data() + slot * r;
     uint32_t n;
     std::memcpy(&n, p, sizeof(n));
-    HVD_ENFORCE(n <= max_bytes, "corrupt request blob from rank " << r);
+    HVD_ENFORCE_LE(n, max_bytes, "corrupt request blob from rank " << r);
     (*all)[r].assign(p + sizeof(n), n);
   }
 }
@@ -93,7 +93,7 @@ void MpiTransport::BroadcastBlob(std::string* blob) {
   if (rank_ != 0) blob->assign(bcast_first_.data() + sizeof(len), std::min<size_t>(len, head));
   if (len <= head) return;
   const size_t rest = len - head;
-  HVD_ENFORCE(rest < static_cast<size_t>(INT32_MAX), "response list too large: " << len);
+  HVD_ENFORCE_LT(rest, static_cast<size_t>(INT32_MAX), "response list too large: " << len);
   bcast_rest_.assign(rest, 0);
   if (rank_ == 0) std::memcpy(bcast_rest_.data(), blob->data() + head, rest);
   HVD_MPI_CHECK(comm_, MPI_Ibcast(bcast_rest_.data(), static_cast<int>(rest), MPI_BYTE, 0, comm_,

@@ -69,7 +69,7 @@ void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, in
 std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows) {
   int size = 0;
   HVD_MPI_CHECK(comm, MPI_Comm_size(comm, &size));
-  HVD_ENFORCE(static_cast<int>(send_rows.size()) == size, "alltoall splits size");
+  HVD_ENFORCE_EQ(static_cast<int>(send_rows.size()), size, "alltoall splits size");
   std::vector<int64_t> recv_rows(size);
   HVD_MPI_CHECK(comm, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
                                    MPI_INT64_T, comm));
@@ -90,7 +90,9 @@ void FlagCombineFn(void* in, void* inout, int* len, MPI_Datatype* type) {
 
 }  // namespace
 
-MpiOps::MpiOps() { MPI_Op_create(&FlagCombineFn, 1, &flag_combine_); }
+MpiOps::MpiOps() {
+  HVD_MPI_CHECK(MPI_COMM_NULL, MPI_Op_create(&FlagCombineFn, 1, &flag_combine_));
+}
 
 const MpiOps& MpiOps::Get() {
   static const MpiOps* ops = new MpiOps();  // see the class comment: never freed

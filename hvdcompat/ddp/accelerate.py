@@ -30,12 +30,12 @@ Environment:
 """
 
 import functools
-import os
 import sys
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hvdcompat.basics import _core
 from hvdcompat.ddp import hooks
 
 __all__ = ["enable", "disable", "is_enabled", "settings"]
@@ -46,12 +46,16 @@ _announced = [False]
 
 def settings(environ=None):
     """(compression, route) from the environment; ValueError for bad values."""
-    environ = os.environ if environ is None else environ
-    compression = environ.get("HVDCOMPAT_DDP_COMPRESSION", "none").strip().lower() or "none"
+    def get(suffix, default):
+        if environ is None:
+            return _core.knob(suffix)
+        return environ.get("HVDCOMPAT_" + suffix, default)
+
+    compression = get("DDP_COMPRESSION", "none").strip().lower() or "none"
     if compression not in hooks.COMPRESSIONS:
         raise ValueError(f"HVDCOMPAT_DDP_COMPRESSION={compression!r}: use one of "
                          f"{sorted(hooks.COMPRESSIONS)}")
-    route = environ.get("HVDCOMPAT_DDP_ROUTE", "auto").strip().lower() or "auto"
+    route = get("DDP_ROUTE", "auto").strip().lower() or "auto"
     if route not in ("auto", "engine", "process_group"):
         raise ValueError(f"HVDCOMPAT_DDP_ROUTE={route!r}: use auto, engine or process_group")
     return compression, route
@@ -117,5 +121,5 @@ def is_enabled():
     return bool(_original)
 
 
-if os.environ.get("HVDCOMPAT_DDP_ACCELERATE", "1").strip() not in ("0", "false", "no", "off"):
+if _core.knob("DDP_ACCELERATE").strip() not in ("0", "false", "no", "off"):
     enable()

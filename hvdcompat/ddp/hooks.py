@@ -27,11 +27,11 @@ the result back; integer buckets are never cast.
 """
 
 import itertools
-import os
 
 import torch
 import torch.distributed as dist
 
+from hvdcompat.basics import _core
 from hvdcompat.ddp import bootstrap, work
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
@@ -48,7 +48,7 @@ _state_ids = itertools.count()
 
 
 def _fusion_from_env():
-    raw = os.environ.get(_FUSION_ENV)
+    raw = _core.knob("DDP_FUSION_THRESHOLD")
     if not raw:
         return _DEFAULT_FUSION_BYTES
     try:

@@ -1,0 +1,75 @@
+#include "ops/collective_layout.h"
+
+#include <algorithm>
+
+#include "core/common.h"
+
+namespace hvdcompat {
+
+namespace {
+
+bool AllEqual(const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v[0]; });
+}
+
+}  // namespace
+
+int64_t ReducescatterRows(int64_t rows, int size, int rank) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
+GatherLayout PlanAllgather(const std::vector<int64_t>& rows, const std::vector<int64_t>& row_sizes,
+                           int size) {
+  HVD_ENFORCE_EQ(rows.size(), row_sizes.size() * static_cast<size_t>(size),
+                 "allgather layout: first dimensions of every tensor on every rank");
+  GatherLayout g;
+  g.size = size;
+  g.tensors = row_sizes.size();
+  g.counts.resize(rows.size());
+  g.rank_counts.assign(size, 0);
+  g.rank_displs.assign(size, 0);
+  g.out_rows.assign(g.tensors, 0);
+  g.uniform = true;
+  for (int rk = 0; rk < size; ++rk) {
+    for (size_t i = 0; i < g.tensors; ++i) {
+      const size_t k = rk * g.tensors + i;
+      g.counts[k] = rows[k] * row_sizes[i];
+      g.rank_counts[rk] += g.counts[k];
+      g.out_rows[i] += rows[k];
+      if (rows[k] != rows[i]) g.uniform = false;
+    }
+    g.rank_displs[rk] = g.total;
+    g.total += g.rank_counts[rk];
+  }
+  g.largest = size > 0 ? *std::max_element(g.rank_counts.begin(), g.rank_counts.end()) : 0;
+  g.even = size > 0 && AllEqual(g.rank_counts);
+  return g;
+}
+
+ScatterLayout PlanReducescatter(const std::vector<int64_t>& rows,
+                                const std::vector<int64_t>& row_sizes, int size) {
+  HVD_ENFORCE_EQ(rows.size(), row_sizes.size(), "reducescatter layout: rows per tensor");
+  ScatterLayout s;
+  s.size = size;
+  s.tensors = rows.size();
+  s.counts.resize(s.tensors * size);
+  s.offsets.resize(s.tensors * size);
+  s.rank_counts.assign(size, 0);
+  std::vector<int64_t> next_row(s.tensors, 0);
+  for (int rk = 0; rk < size; ++rk) {
+    for (size_t i = 0; i < s.tensors; ++i) {
+      const size_t k = rk * s.tensors + i;
+      const int64_t part = ReducescatterRows(rows[i], size, rk);
+      s.offsets[k] = next_row[i] * row_sizes[i];
+      s.counts[k] = part * row_sizes[i];
+      next_row[i] += part;
+      s.rank_counts[rk] += s.counts[k];
+    }
+    s.total += s.rank_counts[rk];
+  }
+  s.largest = size > 0 ? *std::max_element(s.rank_counts.begin(), s.rank_counts.end()) : 0;
+  s.even = size > 0 && AllEqual(s.rank_counts);
+  return s;
+}
+
+}  // namespace hvdcompat

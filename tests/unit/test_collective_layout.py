@@ -1,0 +1,96 @@
+"""The one allgather/reducescatter layout every backend follows
+(cpp/ops/collective_layout.h), checked against a reference that moves data."""
+
+import random
+
+import pytest
+import torch
+
+from hvdcompat.basics import _core
+
+T = _core.testing
+
+
+def _cases(seed, count):
+    rnd = random.Random(seed)
+    for _ in range(count):
+        size = rnd.randint(1, 5)
+        tensors = rnd.randint(1, 4)
+        # Mostly small, with empty tensors and whole empty ranks now and then.
+        rows = [[rnd.choice([0, 1, 2, 3, 7]) for _ in range(tensors)] for _ in range(size)]
+        row_sizes = [rnd.choice([1, 3, 4, 12]) for _ in range(tensors)]
+        yield size, rows, row_sizes
+
+
+def _gather_by_layout(layout, blocks, size, tensors):
+    """Places every rank's packed block at its displacement, then unpacks the
+    rank-major payload into one output per tensor, as the backends do."""
+    payload = [None] * layout["total"]
+    for rk in range(size):
+        at, n = layout["rank_displs"][rk], layout["rank_counts"][rk]
+        assert len(blocks[rk]) == n
+        payload[at:at + n] = blocks[rk]
+    outs = [[] for _ in range(tensors)]
+    at = 0
+    for rk in range(size):
+        for i in range(tensors):
+            n = layout["counts"][rk * tensors + i]
+            outs[i].extend(payload[at:at + n])
+            at += n
+    return outs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_allgather_layout_moves_every_rank_part_to_its_place(seed):
+    for size, rows, row_sizes in _cases(seed, 50):
+        tensors = len(row_sizes)
+        # Element j of rank rk's tensor i is the tuple (rk, i, j).
+        data = [[[(rk, i, j) for j in range(rows[rk][i] * row_sizes[i])] for i in range(tensors)]
+                for rk in range(size)]
+        flat_rows = [r for per_rank in rows for r in per_rank]
+        g = T.plan_allgather(flat_rows, row_sizes, size)
+        blocks = [[x for t in data[rk] for x in t] for rk in range(size)]
+        outs = _gather_by_layout(g, blocks, size, tensors)
+        for i in range(tensors):
+            assert outs[i] == [x for rk in range(size) for x in data[rk][i]]
+            assert g["out_rows"][i] == sum(rows[rk][i] for rk in range(size))
+        sizes = [len(b) for b in blocks]
+        assert g["total"] == sum(sizes)
+        assert g["largest"] == max(sizes)
+        assert g["even"] == (len(set(sizes)) == 1)
+        assert g["uniform"] == all(rows[rk] == rows[0] for rk in range(size))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reducescatter_layout_matches_torch_tensor_split(seed):
+    for size, rows, row_sizes in _cases(100 + seed, 50):
+        rows = rows[0]
+        tensors = len(rows)
+        inputs = [torch.arange(r * w).reshape(r, w) + 1000 * i
+                  for i, (r, w) in enumerate(zip(rows, row_sizes))]
+        s = T.plan_reducescatter(rows, row_sizes, size)
+        blocks = []
+        for rk in range(size):
+            block = []
+            for i in range(tensors):
+                k = rk * tensors + i
+                flat = inputs[i].flatten().tolist()
+                block.extend(flat[s["offsets"][k]:s["offsets"][k] + s["counts"][k]])
+                # Horovod's split: the first rows % size ranks get one more row.
+                want = torch.tensor_split(inputs[i], size, dim=0)[rk]
+                assert flat[s["offsets"][k]:s["offsets"][k] + s["counts"][k]] == \
+                    want.flatten().tolist()
+                assert s["counts"][k] == _core.reducescatter_rows(rows[i], size, rk) * row_sizes[i]
+            blocks.append(block)
+            assert s["rank_counts"][rk] == len(block)
+        assert s["total"] == sum(r * w for r, w in zip(rows, row_sizes))
+        assert s["largest"] == max(len(b) for b in blocks)
+        assert s["even"] == (len({len(b) for b in blocks}) == 1)
+
+
+def test_a_layout_of_the_wrong_length_is_an_internal_error_naming_both_sizes():
+    # Three first dimensions for two tensors on two ranks: the check prints both operands.
+    with pytest.raises(RuntimeError, match=r"allgather layout.*failed: 3 vs 4"):
+        T.plan_allgather([1, 2, 3], [1, 1], 2)
+    with pytest.raises(RuntimeError, match=r"reducescatter layout.*failed: 2 vs 1"):
+        T.plan_reducescatter([1, 2], [1], 2)
