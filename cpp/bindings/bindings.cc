@@ -1,6 +1,8 @@
-// pybind11 bindings of the core: thin, dtype-generic, GIL released around
-// anything that may wait. The module-level Core object is the only mutable
-// global: it owns the Runtime between hvd.init() and hvd.shutdown().
+// pybind11 bindings of the core: thin, dtype-generic, typed (the option
+// structs are bound classes), GIL released around anything that may wait.
+// The module-level Core object is the only mutable global: it owns the
+// Runtime between hvd.init() and hvd.shutdown(); calls hold it through a
+// RuntimeLease (Note [Runtime lease], bindings/runtime_lease.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -49,14 +51,14 @@ Core& TheCore() {
   return *core;
 }
 
-// Swaps the runtime out (under `lifecycle`) and waits until no lease holds
-// it; the caller destroys it with the last reference.
+// Swaps the runtime out (under `lifecycle`): new calls find none.
 std::shared_ptr<Runtime> TakeRuntime() {
   Core& core = TheCore();
   std::lock_guard<std::mutex> lock(core.mu);
   return std::move(core.runtime);
 }
 
+// Returns once `rt` is the last reference: no call holds a lease on it.
 void WaitForLeases(std::shared_ptr<Runtime>& rt) {
   Core& core = TheCore();
   std::unique_lock<std::mutex> lock(core.mu);
