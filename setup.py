@@ -140,6 +140,9 @@ class CMakeBuild(build_ext):
             f"-DMPI_C_COMPILER={mpicc}",
             f"-DHVDCOMPAT_MPI_FROM_WHEEL={'ON' if WHEEL_MPI else 'OFF'}",
             f"-DHVDCOMPAT_MPI_WHEEL={WHEEL_MPI or ''}",
+            # The test-only module (cpp/testing/) is built by the tests
+            # themselves (tests/core_testing.py), never into the package.
+            "-DHVDCOMPAT_BUILD_TESTING=OFF",
         ]
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", str(HERE), *args], cwd=build_temp)
@@ -167,12 +170,15 @@ setup(
     # package found anywhere on sys.path beats a namespace portion, so with a
     # path entry the real package wins from any working directory.
     package_dir={"": "."},
+    # The extension's signatures for type checkers and editors.
+    package_data={"hvdcompat": ["_core.pyi"]},
     ext_modules=[CMakeExtension("hvdcompat._core")],
     cmdclass={"build_ext": CMakeBuild},
     setup_requires=[] if MPICC else _mpi_requirements(),
     # torch is a range, never a pin: GPU users bring their own build.
     install_requires=["torch>=1.13", "numpy", "cloudpickle"] + _mpi_requirements(),
-    extras_require={"test": ["pytest>=7", "mpi4py>=3.1"]},
+    # cmake and pybind11: the tests build the test-only module _core_testing.
+    extras_require={"test": ["pytest>=7", "mpi4py>=3.1", "cmake>=3.18", "pybind11>=2.10"]},
     entry_points={"console_scripts": ["hvdcompatrun = hvdcompat.runner.launch:main"]},
     zip_safe=False,
 )

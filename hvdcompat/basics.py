@@ -170,7 +170,9 @@ def init(comm=None, process_sets=None):
             return
         handle, ranks = _comm_arguments(comm)
         dynamic, static_sets = _ps._parse_init_argument(process_sets, comm)
-        _core.init(handle, ranks, static_sets.rank_lists, dynamic)
+        _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
+                                     process_sets=static_sets.rank_lists,
+                                     dynamic_process_sets=dynamic))
         _ps._after_init(static_sets)
         for fn in _on_init:
             fn()

@@ -1,13 +1,19 @@
-// pybind11 bindings of the core: thin, dtype-generic, GIL released around
-// anything that may wait. The module-level Core object is the only mutable
-// global: it owns the Runtime between hvd.init() and hvd.shutdown().
+// pybind11 bindings of the core: thin, dtype-generic, typed (the option
+// structs are bound classes), GIL released around anything that may wait.
+// The module-level Core object is the only mutable global: it owns the
+// Runtime between hvd.init() and hvd.shutdown(); calls hold it through a
+// RuntimeLease (Note [Runtime lease], bindings/runtime_lease.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cctype>
+#include <condition_variable>
 #include <mutex>
 
 #include "bindings/dlpack_export.h"
+#include "bindings/py_convert.h"
+#include "bindings/runtime_lease.h"
+#include "autotune/parameter_manager.h"
 #include "engine/elastic_reset.h"
 #include "core/env.h"
 #include "ops/collective_layout.h"
@@ -17,20 +23,24 @@ namespace py = pybind11;
 
 namespace hvdcompat {
 
-void RegisterTestingBindings(py::module_& m);
-class Runtime;
-void RegisterGpuBindings(py::module_& m, py::module_& testing, Runtime& (*runtime)());
+void RegisterGpuBindings(py::module_& m);
 
 namespace {
 
 constexpr const char* kNotInitialized = "Horovod has not been initialized; use hvd.init().";
 
+// The module's one mutable global: it owns the Runtime between hvd.init()
+// and hvd.shutdown() (Note [Runtime lease], bindings/runtime_lease.h).
 struct Core {
+  // Guards `runtime`, `world` and the leases' release; held only for a
+  // pointer copy or swap, never while waiting for the GIL or for MPI.
   std::mutex mu;
-  // Shared so a thread blocked in wait() keeps the runtime alive while
-  // another thread shuts it down (shutdown fails the op; the waiter returns).
+  std::condition_variable lease_dropped;
   std::shared_ptr<Runtime> runtime;
-  bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit
+  // Serialises init, shutdown, elastic reset and finalize; taken with the
+  // GIL released (they wait on MPI).
+  std::mutex lifecycle;
+  bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit (under `lifecycle`)
   // After an elastic reset: the survivors' communicator, which a later
   // hvd.init() without `comm` runs on instead of MPI_COMM_WORLD.
   MPI_Comm world = MPI_COMM_NULL;
@@ -41,145 +51,133 @@ Core& TheCore() {
   return *core;
 }
 
-std::shared_ptr<Runtime> RtShared() {
+// Swaps the runtime out (under `lifecycle`): new calls find none.
+std::shared_ptr<Runtime> TakeRuntime() {
   Core& core = TheCore();
   std::lock_guard<std::mutex> lock(core.mu);
-  if (!core.runtime) throw py::value_error(kNotInitialized);
-  return core.runtime;
+  return std::move(core.runtime);
 }
 
-Runtime& Rt() {
-  Runtime* rt = TheCore().runtime.get();
-  if (!rt) throw py::value_error(kNotInitialized);
-  return *rt;
+// Returns once `rt` is the last reference: no call holds a lease on it.
+void WaitForLeases(std::shared_ptr<Runtime>& rt) {
+  Core& core = TheCore();
+  std::unique_lock<std::mutex> lock(core.mu);
+  core.lease_dropped.wait(lock, [&] { return rt.use_count() == 1; });
 }
 
-BufferDesc ToBuffer(const py::handle& t, void** stream = nullptr) {
-  // (data_ptr, dtype code, shape, device[, producer cudaStream_t])
-  auto tup = t.cast<py::tuple>();
-  if (stream && tup.size() > 4 && !tup[4].is_none()) {
-    *stream = reinterpret_cast<void*>(tup[4].cast<uintptr_t>());
+BufferDesc MakeBuffer(uintptr_t data, int dtype, std::vector<int64_t> shape, int device) {
+  if (dtype < 0 || dtype >= kNumDataTypes) {
+    throw py::value_error("Buffer: unknown dtype code " + std::to_string(dtype) +
+                          "; use a value of hvdcompat._core.DTYPES");
   }
   BufferDesc b;
-  b.data = reinterpret_cast<void*>(tup[0].cast<uintptr_t>());
-  int code = tup[1].cast<int>();
-  if (code < 0 || code >= kNumDataTypes) throw py::value_error("unknown dtype code");
-  b.dtype = static_cast<DataType>(code);
-  b.shape = tup[2].cast<std::vector<int64_t>>();
-  b.device = tup[3].cast<int>();
+  b.data = reinterpret_cast<void*>(data);
+  b.dtype = static_cast<DataType>(dtype);
+  b.shape = std::move(shape);
+  b.device = device;
   return b;
 }
 
-void Init(py::object comm_handle, std::vector<int> ranks,
-          std::vector<std::vector<int>> process_sets, bool dynamic) {
+OpType ToOp(int op) {
+  if (op < 0 || op > static_cast<int>(OpType::kJoin)) {
+    throw py::value_error("EnqueueArgs: unknown op code " + std::to_string(op) +
+                          "; use a value of hvdcompat._core.OPS");
+  }
+  return static_cast<OpType>(op);
+}
+
+ReduceOp ToReduceOp(int op) {
+  if (op < 0 || op > static_cast<int>(ReduceOp::kProduct)) {
+    throw py::value_error("EnqueueArgs: unknown reduce op code " + std::to_string(op) +
+                          "; use a value of hvdcompat._core.REDUCE_OPS");
+  }
+  return static_cast<ReduceOp>(op);
+}
+
+void Init(InitOptions opts) {
   Core& core = TheCore();
-  std::lock_guard<std::mutex> lock(core.mu);
-  if (core.runtime) return;  // a second init is harmless
-  InitOptions opts;
-  if (!comm_handle.is_none()) {
-    // A Fortran handle (mpi4py's Comm.py2f()): the one form of a communicator
-    // that every MPI defines as an integer. MPI_Comm itself is a pointer in
-    // Open MPI and an int in the MPICH family.
-    opts.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_handle.cast<int64_t>()));
-  } else if (core.world != MPI_COMM_NULL) {
-    opts.comm = core.world;
-  }
-  opts.ranks = std::move(ranks);
-  opts.process_sets = std::move(process_sets);
-  opts.dynamic_process_sets = dynamic;
+  std::lock_guard<std::mutex> life(core.lifecycle);
   {
-    py::gil_scoped_release release;
-    int provided = 0;
-    if (MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
-    core.runtime = std::make_shared<Runtime>(opts);
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (core.runtime) return;  // a second init is harmless
+    if (!opts.comm && core.world != MPI_COMM_NULL) opts.comm = core.world;
   }
+  int provided = 0;
+  if (MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
+  auto rt = std::make_shared<Runtime>(opts);
+  std::lock_guard<std::mutex> lock(core.mu);
+  core.runtime = std::move(rt);
+}
+
+void ShutdownLocked() {
+  std::shared_ptr<Runtime> rt = TakeRuntime();
+  if (!rt) return;
+  rt->Stop();          // pending ops and waiters fail
+  rt->CloseControl();  // a peer's racing process-set change fails too
+  WaitForLeases(rt);   // calls still inside it return (with its shutdown error)
+  rt.reset();
 }
 
 void Shutdown() {
-  Core& core = TheCore();
-  std::shared_ptr<Runtime> rt;
-  {
-    std::lock_guard<std::mutex> lock(core.mu);
-    rt = std::move(core.runtime);
-  }
-  py::gil_scoped_release release;
-  if (rt) rt->Stop();
-  rt.reset();
+  std::lock_guard<std::mutex> life(TheCore().lifecycle);
+  ShutdownLocked();
 }
 
 // Note [Elastic reset] (cpp/engine/elastic_reset.h). Returns the survivors' ranks
 // in the old world, in new-rank order.
 std::vector<int> ElasticReset() {
   Core& core = TheCore();
+  std::lock_guard<std::mutex> life(core.lifecycle);
   std::shared_ptr<Runtime> old;
   {
     std::lock_guard<std::mutex> lock(core.mu);
     if (!core.runtime) throw py::value_error(kNotInitialized);
     old = core.runtime;
   }
-  // Not under core.mu: the rebuild is collective and may take a while, and
-  // another thread's call must not hold the GIL while waiting for the lock.
-  // Such a call meanwhile meets the stopped old runtime and fails.
-  ResetResult r;
-  {
-    py::gil_scoped_release release;
-    r = RebuildFromSurvivors(old);
-  }
+  // Another thread's call meanwhile meets the stopped old runtime and fails.
+  ResetResult r = RebuildFromSurvivors(old);
   {
     std::lock_guard<std::mutex> lock(core.mu);
     core.runtime = std::move(r.runtime);
     if (core.world != MPI_COMM_NULL) MPI_Comm_free(&core.world);
     core.world = r.world;
   }
-  py::gil_scoped_release release;
-  old.reset();  // frees the old communicators (unless another thread still holds it)
+  // The old runtime is freed with its last reference: here, or by a call
+  // still using it (it does not wait for them: they fail, as it is stopped).
+  old.reset();
   return r.survivors;
 }
 
 void Finalize() {
-  Shutdown();
   Core& core = TheCore();
-  std::lock_guard<std::mutex> lock(core.mu);
+  std::lock_guard<std::mutex> life(core.lifecycle);
+  ShutdownLocked();
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (core.mpi_owned && initialized && !finalized) {
-    py::gil_scoped_release release;
-    MPI_Finalize();
-  }
+  if (core.mpi_owned && initialized && !finalized) MPI_Finalize();
 }
 
-int Enqueue(int op, std::string name, bool auto_named, int process_set, int reduce_op, int root,
-            double prescale, double postscale, const py::list& inputs, const py::list& outputs,
-            std::vector<std::vector<int64_t>> splits) {
-  EnqueueArgs a;
-  a.op = static_cast<OpType>(op);
-  a.name = std::move(name);
-  a.auto_named = auto_named;
-  a.process_set = process_set;
-  a.reduce_op = static_cast<ReduceOp>(reduce_op);
-  a.root = root;
-  a.prescale = prescale;
-  a.postscale = postscale;
-  a.inputs.reserve(inputs.size());
-  for (const auto& t : inputs) a.inputs.push_back(ToBuffer(t, a.inputs.empty() ? &a.stream : nullptr));
-  a.outputs.reserve(outputs.size());
-  for (const auto& t : outputs) a.outputs.push_back(ToBuffer(t));
-  a.splits = std::move(splits);
-  std::shared_ptr<Runtime> rt = RtShared();
-  py::gil_scoped_release release;
-  return rt->Enqueue(std::move(a));
+bool IsInitialized() {
+  Core& core = TheCore();
+  std::lock_guard<std::mutex> lock(core.mu);
+  return static_cast<bool>(core.runtime);
+}
+
+int Enqueue(EnqueueArgs args) {
+  RuntimeLease rt;
+  return rt->Enqueue(std::move(args));
 }
 
 // `stream`: for device ops, the caller's current cudaStream_t, ordered after
 // the op's device work (Note [GPU stream order], cpp/gpu/gpu_events.h).
 py::tuple Wait(int handle, py::object stream) {
-  std::shared_ptr<Runtime> rt = RtShared();
   HandleResult r;
   const bool has_stream = !stream.is_none();
   const uintptr_t consumer = has_stream ? stream.cast<uintptr_t>() : 0;
   {
     py::gil_scoped_release release;
+    RuntimeLease rt;
     r = rt->handles().Wait(handle);
     if (r.device_done) {
       Status s;
@@ -197,7 +195,8 @@ py::tuple Wait(int handle, py::object stream) {
 }
 
 py::dict Stats() {
-  EngineStats& s = Rt().stats();
+  RuntimeLease rt;
+  EngineStats& s = rt->stats();
   py::dict d;
   d["cycles"] = s.cycles.load();
   d["slow_path_cycles"] = s.slow_path_cycles.load();
@@ -224,22 +223,11 @@ py::dict Stats() {
   return d;
 }
 
-py::dict TunedDict(const TunedParams& t) {
-  py::dict d;
-  d["fusion_threshold_bytes"] = t.fusion_threshold_bytes;
-  d["cycle_time_ms"] = t.cycle_time_ms;
-  d["fusion_chunk_bytes"] = t.fusion_chunk_bytes;
-  d["max_call_bytes"] = t.max_call_bytes;
-  d["hierarchical_allreduce"] = t.hierarchical_allreduce;
-  d["hierarchical_allgather"] = t.hierarchical_allgather;
-  d["active"] = t.active;
-  return d;
-}
-
 py::list AutotuneHistory() {
   py::list out;
-  for (const auto& c : Rt().stats().tuning.history()) {
-    py::dict d = TunedDict(c.params);
+  RuntimeLease rt;
+  for (const auto& c : rt->stats().tuning.history()) {
+    py::dict d = TunedParamsDict(c.params);
     d["cycle"] = c.cycle;
     out.append(d);
   }
@@ -247,7 +235,8 @@ py::list AutotuneHistory() {
 }
 
 py::dict ConfigDict() {
-  const Config& c = Rt().config();
+  RuntimeLease rt;
+  const Config& c = rt->config();
   py::dict d;
   d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
   d["cycle_time_ms"] = c.cycle_time_ms;
@@ -303,70 +292,176 @@ py::dict BuildInfo() {
   return d;
 }
 
+void BindOptions(py::module_& m) {
+  py::class_<BufferDesc>(m, "Buffer", "One tensor's memory as the core reads or writes it.")
+      .def(py::init(&MakeBuffer), py::arg("data"), py::arg("dtype"), py::arg("shape"),
+           py::arg("device") = kCpuDevice)
+      .def_property_readonly("data",
+                             [](const BufferDesc& b) { return reinterpret_cast<uintptr_t>(b.data); })
+      .def_property_readonly("dtype", [](const BufferDesc& b) { return static_cast<int>(b.dtype); })
+      .def_readonly("shape", &BufferDesc::shape)
+      .def_readonly("device", &BufferDesc::device);
+
+  py::class_<EnqueueArgs>(m, "EnqueueArgs", "One op handed to the core by enqueue().")
+      .def(py::init([](int op, std::string name, bool auto_named, int process_set, int reduce_op,
+                       int root, double prescale, double postscale, std::vector<BufferDesc> inputs,
+                       std::vector<BufferDesc> outputs, std::vector<std::vector<int64_t>> splits,
+                       std::optional<uintptr_t> stream) {
+             EnqueueArgs a;
+             a.op = ToOp(op);
+             a.name = std::move(name);
+             a.auto_named = auto_named;
+             a.process_set = process_set;
+             a.reduce_op = ToReduceOp(reduce_op);
+             a.root = root;
+             a.prescale = prescale;
+             a.postscale = postscale;
+             a.inputs = std::move(inputs);
+             a.outputs = std::move(outputs);
+             a.splits = std::move(splits);
+             a.stream = stream ? reinterpret_cast<void*>(*stream) : nullptr;
+             return a;
+           }),
+           py::kw_only(), py::arg("op"), py::arg("name"), py::arg("auto_named") = false,
+           py::arg("process_set") = 0, py::arg("reduce_op") = static_cast<int>(ReduceOp::kSum),
+           py::arg("root") = -1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+           py::arg("inputs") = std::vector<BufferDesc>(),
+           py::arg("outputs") = std::vector<BufferDesc>(),
+           py::arg("splits") = std::vector<std::vector<int64_t>>(), py::arg("stream") = py::none())
+      .def_property_readonly("op", [](const EnqueueArgs& a) { return static_cast<int>(a.op); })
+      .def_readonly("name", &EnqueueArgs::name)
+      .def_readonly("auto_named", &EnqueueArgs::auto_named)
+      .def_readonly("process_set", &EnqueueArgs::process_set)
+      .def_property_readonly("reduce_op",
+                             [](const EnqueueArgs& a) { return static_cast<int>(a.reduce_op); })
+      .def_readonly("root", &EnqueueArgs::root)
+      .def_readonly("prescale", &EnqueueArgs::prescale)
+      .def_readonly("postscale", &EnqueueArgs::postscale)
+      .def_readonly("inputs", &EnqueueArgs::inputs)
+      .def_readonly("outputs", &EnqueueArgs::outputs)
+      .def_readonly("splits", &EnqueueArgs::splits)
+      .def_property_readonly("stream", [](const EnqueueArgs& a) -> std::optional<uintptr_t> {
+        if (!a.stream) return std::nullopt;
+        return reinterpret_cast<uintptr_t>(a.stream);
+      });
+
+  py::class_<InitOptions>(m, "InitOptions", "What hvd.init() asks of the core.")
+      .def(py::init([](std::optional<int64_t> comm_handle, std::vector<int> ranks,
+                       std::vector<std::vector<int>> process_sets, bool dynamic_process_sets) {
+             InitOptions o;
+             // A Fortran handle (mpi4py's Comm.py2f()): the one form of a
+             // communicator that every MPI defines as an integer. MPI_Comm
+             // itself is a pointer in Open MPI and an int in the MPICH family.
+             if (comm_handle) o.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(*comm_handle));
+             o.ranks = std::move(ranks);
+             o.process_sets = std::move(process_sets);
+             o.dynamic_process_sets = dynamic_process_sets;
+             return o;
+           }),
+           py::kw_only(), py::arg("comm_handle") = py::none(),
+           py::arg("ranks") = std::vector<int>(),
+           py::arg("process_sets") = std::vector<std::vector<int>>(),
+           py::arg("dynamic_process_sets") = false)
+      .def_property_readonly("comm_handle",
+                             [](const InitOptions& o) -> std::optional<int64_t> {
+                               if (!o.comm) return std::nullopt;
+                               return static_cast<int64_t>(MPI_Comm_c2f(*o.comm));
+                             })
+      .def_readonly("ranks", &InitOptions::ranks)
+      .def_readonly("process_sets", &InitOptions::process_sets)
+      .def_readonly("dynamic_process_sets", &InitOptions::dynamic_process_sets);
+}
+
 }  // namespace
+
+RuntimeLease::RuntimeLease() {
+  Core& core = TheCore();
+  std::lock_guard<std::mutex> lock(core.mu);
+  if (!core.runtime) throw py::value_error(kNotInitialized);
+  rt_ = core.runtime;
+}
+
+RuntimeLease::~RuntimeLease() {
+  Core& core = TheCore();
+  std::shared_ptr<Runtime> mine;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    mine.swap(rt_);
+  }
+  // Normally shutdown() holds the last reference; after an elastic reset the
+  // last lease on the old runtime may, and frees it here, outside the lock.
+  mine.reset();
+  // Taking the lock once more orders the release before a waiter's next look
+  // at the count (no wakeup lost between its look and its sleep).
+  { std::lock_guard<std::mutex> lock(core.mu); }
+  core.lease_dropped.notify_all();
+}
 
 }  // namespace hvdcompat
 
 PYBIND11_MODULE(_core, m) {
   using namespace hvdcompat;
+  using Release = py::call_guard<py::gil_scoped_release>;
   m.doc() = "hvdcompat native core (framework-agnostic; no PyTorch inside)";
 
-  m.def("init", &Init, py::arg("comm_handle"), py::arg("ranks"), py::arg("process_sets"),
-        py::arg("dynamic"));
-  m.def("shutdown", &Shutdown);
-  m.def("elastic_reset", &ElasticReset,
+  BindOptions(m);
+  // Everything that may wait (on MPI, on peers, on a lease) runs without the GIL.
+  m.def("init", &Init, py::arg("options"), Release());
+  m.def("shutdown", &Shutdown, Release(),
+        "Stops the runtime; calls still inside it fail with its shutdown error first.");
+  m.def("elastic_reset", &ElasticReset, Release(),
         "Rebuilds the runtime from the surviving ranks, in place (collective over survivors).");
   m.def("fault_tolerance_enabled", [] { return FaultToleranceEnabled(); },
         "Whether MPI runs with ULFM enabled (mpirun --with-ft ulfm).");
-  m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); },
+  m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); }, py::arg("code"),
         "Aborts every rank of the job (used by the test harness on a failure).");
-  m.def("finalize", &Finalize, "Shut down and, if hvdcompat initialised MPI, finalize it.");
-  m.def("is_initialized", [] { return static_cast<bool>(TheCore().runtime); });
-  m.def("rank", [] { return Rt().mpi().rank(); });
-  m.def("size", [] { return Rt().mpi().size(); });
-  m.def("local_rank", [] { return Rt().mpi().local_rank(); });
-  m.def("local_size", [] { return Rt().mpi().local_size(); });
-  m.def("cross_rank", [] { return Rt().mpi().cross_rank(); });
-  m.def("cross_size", [] { return Rt().mpi().cross_size(); });
-  m.def("is_homogeneous", [] { return Rt().mpi().homogeneous(); });
-  m.def("mpi_threads_supported", [] { return Rt().mpi().threads_supported(); });
-  m.def("dynamic_process_sets", [] { return Rt().dynamic_process_sets(); });
-  m.def("enqueue", &Enqueue);
-  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
-    Runtime& rt = Rt();
-    py::gil_scoped_release release;
-    rt.StartTimeline(path, mark_cycles);
-  });
-  m.def("stop_timeline", [] {
-    Runtime& rt = Rt();
-    py::gil_scoped_release release;
-    rt.StopTimeline();
-  });
-  m.def("poll", [](int h) { return Rt().handles().Poll(h); });
+  m.def("finalize", &Finalize, Release(),
+        "Shut down and, if hvdcompat initialised MPI, finalize it.");
+  m.def("is_initialized", &IsInitialized);
+  m.def("rank", [] { return RuntimeLease()->mpi().rank(); });
+  m.def("size", [] { return RuntimeLease()->mpi().size(); });
+  m.def("local_rank", [] { return RuntimeLease()->mpi().local_rank(); });
+  m.def("local_size", [] { return RuntimeLease()->mpi().local_size(); });
+  m.def("cross_rank", [] { return RuntimeLease()->mpi().cross_rank(); });
+  m.def("cross_size", [] { return RuntimeLease()->mpi().cross_size(); });
+  m.def("is_homogeneous", [] { return RuntimeLease()->mpi().homogeneous(); });
+  m.def("mpi_threads_supported", [] { return RuntimeLease()->mpi().threads_supported(); });
+  m.def("dynamic_process_sets", [] { return RuntimeLease()->dynamic_process_sets(); });
+  // `args` is copied out of its Python object while the GIL is held.
+  m.def("enqueue", &Enqueue, py::arg("args"), Release(), "Hands one op to the core; its handle.");
+  m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) { RuntimeLease()->StartTimeline(path, mark_cycles); },
+      py::arg("path"), py::arg("mark_cycles"), Release());
+  m.def("stop_timeline", [] { RuntimeLease()->StopTimeline(); }, Release());
+  m.def("poll", [](int h) { return RuntimeLease()->handles().Poll(h); }, py::arg("handle"));
   m.def("wait", &Wait, py::arg("handle"), py::arg("stream") = py::none());
-  m.def("add_process_set", [](std::vector<int> ranks) {
-    Runtime& rt = Rt();
-    py::gil_scoped_release release;
-    return rt.AddProcessSet(std::move(ranks));
-  });
-  m.def("remove_process_set", [](int id) {
-    Runtime& rt = Rt();
-    py::gil_scoped_release release;
-    return rt.RemoveProcessSet(id);
-  });
-  m.def("process_set_info", [](int id) -> py::object {
-    auto info = Rt().GetProcessSet(id);
-    if (!info) return py::none();
-    return py::make_tuple(info->ranks, info->included, info->rank);
-  });
-  m.def("process_set_ids", [] { return Rt().ProcessSetIds(); });
-  m.def("process_set_member", [](int id, const std::string& op, const std::string& name) {
-    return RtShared()->MemberRankSize(op, name, id);
-  }, py::arg("process_set_id"), py::arg("op"), py::arg("name"),
-        "(this rank's index, size) in a process set; ValueError, from the same rule as "
-        "enqueue, when the set is unknown or this rank is not a member.");
+  m.def(
+      "add_process_set",
+      [](std::vector<int> ranks) { return RuntimeLease()->AddProcessSet(std::move(ranks)); },
+      py::arg("ranks"), Release(), "Collective over the job; the new set's id.");
+  m.def(
+      "remove_process_set", [](int id) { return RuntimeLease()->RemoveProcessSet(id); },
+      py::arg("process_set_id"), Release(), "Collective over the job; False for an unknown id.");
+  m.def(
+      "process_set_info",
+      [](int id) -> py::object {
+        auto info = RuntimeLease()->GetProcessSet(id);
+        if (!info) return py::none();
+        return py::make_tuple(info->ranks, info->included, info->rank);
+      },
+      py::arg("process_set_id"));
+  m.def("process_set_ids", [] { return RuntimeLease()->ProcessSetIds(); });
+  m.def(
+      "process_set_member",
+      [](int id, const std::string& op, const std::string& name) {
+        return RuntimeLease()->MemberRankSize(op, name, id);
+      },
+      py::arg("process_set_id"), py::arg("op"), py::arg("name"),
+      "(this rank's index, size) in a process set; ValueError, from the same rule as "
+      "enqueue, when the set is unknown or this rank is not a member.");
   m.def("engine_stats", &Stats);
-  m.def("reset_engine_stats", [] { Rt().stats().Reset(); });
+  m.def("reset_engine_stats", [] { RuntimeLease()->stats().Reset(); });
   m.def("autotune_history", &AutotuneHistory);
   m.def("config", &ConfigDict);
   m.def("knobs", &Knobs);
@@ -375,7 +470,7 @@ PYBIND11_MODULE(_core, m) {
       if (suffix == k.suffix) return KnobString(k.knob);
     }
     throw py::key_error("no knob HVDCOMPAT_" + suffix);
-  }, "A knob's value (HVDCOMPAT_ first, then HOROVOD_, then its default).");
+  }, py::arg("suffix"), "A knob's value (HVDCOMPAT_ first, then HOROVOD_, then its default).");
   m.def("build_info", &BuildInfo);
   m.def("reducescatter_rows", &ReducescatterRows, py::arg("rows"), py::arg("size"), py::arg("rank"),
         "Rows of dimension 0 that set rank `rank` receives from reducescatter.");
@@ -403,8 +498,8 @@ PYBIND11_MODULE(_core, m) {
   status["aborted"] = static_cast<int>(StatusCode::kAborted);
   status["internal"] = static_cast<int>(StatusCode::kInternal);
   m.attr("STATUS") = status;
+  // The first line of the autotuner's log (HOROVOD_AUTOTUNE_LOG).
+  m.attr("AUTOTUNE_LOG_HEADER") = ParameterManager::kLogHeader;
 
-  py::module_ testing = m.def_submodule("testing", "Hooks for unit tests of the core logic");
-  RegisterTestingBindings(testing);
-  RegisterGpuBindings(m, testing, &Rt);
+  RegisterGpuBindings(m);
 }

@@ -1,9 +1,10 @@
 // pybind11 bindings of the GPU data plane's queries: which CUDA runtime and
-// NCCL this process can use (before init too), explicit device binding, and
-// an uncached load for tests of the loader's error paths.
+// NCCL this process can use (before init too) and explicit device binding.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/py_convert.h"
+#include "bindings/runtime_lease.h"
 #include "gpu/gpu_context.h"
 #include "gpu/gpu_library.h"
 #include "engine/runtime.h"
@@ -14,20 +15,6 @@ namespace hvdcompat {
 
 namespace {
 
-py::dict Describe(const GpuLibraries& g) {
-  py::dict d;
-  d["cuda_loaded"] = g.cuda_ok();
-  d["cuda_error"] = g.cuda_error;
-  d["cuda_path"] = g.cuda.path;
-  d["cuda_runtime_version"] = g.cuda.runtime_version;
-  d["nccl_loaded"] = g.nccl_ok();
-  d["nccl_error"] = g.nccl_error;
-  d["nccl_path"] = g.nccl.path;
-  d["nccl_version"] = g.nccl_ok() ? g.nccl.version : 0;
-  d["nccl_version_string"] = NcclVersionString(g.nccl_ok() ? g.nccl.version : 0);
-  return d;
-}
-
 GpuSearchPaths Paths(std::vector<std::string> cudart, std::vector<std::string> nccl) {
   GpuSearchPaths p;
   p.cudart = std::move(cudart);
@@ -37,7 +24,7 @@ GpuSearchPaths Paths(std::vector<std::string> cudart, std::vector<std::string> n
 
 }  // namespace
 
-void RegisterGpuBindings(py::module_& m, py::module_& testing, Runtime& (*runtime)()) {
+void RegisterGpuBindings(py::module_& m) {
   m.def(
       "set_gpu_search_paths",
       [](std::vector<std::string> cudart, std::vector<std::string> nccl) {
@@ -53,38 +40,19 @@ void RegisterGpuBindings(py::module_& m, py::module_& testing, Runtime& (*runtim
           py::gil_scoped_release release;  // the first call dlopens
           g = &Gpu();
         }
-        return Describe(*g);
+        return GpuLibrariesDict(*g);
       },
       "Loads the CUDA runtime and NCCL on first use and says what was found.");
   m.def(
       "gpu_unavailable_reason",
-      [](bool gpu_operations_mpi) {
-        py::gil_scoped_release release;
-        return GpuUnavailableReason(gpu_operations_mpi);
-      },
-      py::arg("gpu_operations_mpi"),
+      [](bool gpu_operations_mpi) { return GpuUnavailableReason(gpu_operations_mpi); },
+      py::arg("gpu_operations_mpi"), py::call_guard<py::gil_scoped_release>(),
       "Why CUDA tensors cannot run here ('' when they can), for HOROVOD_GPU_OPERATIONS=MPI or "
       "NCCL.");
   m.def(
       "bind_cuda_device",
-      [runtime](int device) {
-        Runtime& rt = runtime();
-        py::gil_scoped_release release;
-        rt.gpu().BindDevice("join", device);
-      },
-      py::arg("device"), "Makes `device` this rank's GPU (as its first CUDA op would).");
-  testing.def(
-      "load_gpu_libraries",
-      [](std::vector<std::string> cudart, std::vector<std::string> nccl) {
-        GpuLibraries g;
-        {
-          py::gil_scoped_release release;
-          g = LoadGpuLibraries(Paths(std::move(cudart), std::move(nccl)));
-        }
-        return Describe(g);
-      },
-      py::arg("cudart") = std::vector<std::string>(), py::arg("nccl") = std::vector<std::string>(),
-      "One uncached load attempt with the current environment (loader error paths).");
+      [](int device) { RuntimeLease()->gpu().BindDevice("join", device); }, py::arg("device"),
+      py::call_guard<py::gil_scoped_release>(), "Makes `device` this rank's GPU (as its first CUDA op would).");
 }
 
 }  // namespace hvdcompat

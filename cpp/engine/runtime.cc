@@ -45,10 +45,13 @@ Runtime::Runtime(const InitOptions& options)
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }
   gpu_ = std::make_unique<GpuContext>(config_, mpi_->local_rank());
-  std::lock_guard<std::mutex> lock(sets_mu_);
-  set_ranks_[0] = all;
-  workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
-                                                   &mpi_->ops(), &stats_, &timeline_, gpu_.get());
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    set_ranks_[0] = all;
+    workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
+                                                     &mpi_->ops(), &stats_, &timeline_, gpu_.get());
+  }
+  std::lock_guard<std::mutex> control(control_mu_);
   for (size_t i = 0; i < options.process_sets.size(); ++i) {
     RegisterLocked(options.process_sets[i],
                    i < options.process_set_ids.size() ? options.process_set_ids[i] : -1,
@@ -88,6 +91,13 @@ void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
     throw InvalidArgument(
         "Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage (hvd.start_timeline / "
         "hvd.stop_timeline); it must be set before hvd.init().");
+  }
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    if (stopped_) {
+      throw InvalidArgument("start_timeline('" + path + "'): hvdcompat has been shut down on rank " +
+                            std::to_string(mpi_->rank()) + "; call hvd.init() first.");
+    }
   }
   if (mpi_->rank() == 0) timeline_.Start(path, mark_cycles);
 }
@@ -307,19 +317,45 @@ void Runtime::CheckNewSet(const std::string& caller, std::vector<int>* ranks,
   }
 }
 
-int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::string& caller) {
-  CheckNewSet(caller, &ranks, set_ranks_);
+void Runtime::ThrowShutDown(const std::string& call, bool by_peer) const {
+  throw InvalidArgument(call + ": hvdcompat has been shut down (" +
+                        (by_peer ? std::string("another rank") : std::string("this rank")) +
+                        " called hvd.shutdown() while rank " + std::to_string(mpi_->rank()) +
+                        " was changing process sets); call hvd.init() on every rank first.");
+}
+
+Runtime::Round Runtime::AgreeLocked(uint64_t digest, bool closing) {
+  // MIN over {digest, ~digest, open}: equal digests everywhere leave both
+  // words intact; one closing rank zeroes `open` for all.
+  uint64_t words[3] = {digest, ~digest, closing ? 0u : 1u};
   MPI_Comm comm = mpi_->comm();
+  HVD_MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, words, 3, MPI_UINT64_T, MPI_MIN, comm));
+  return Round{words[0] == digest && ~words[1] == digest, words[2] == 0};
+}
+
+int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::string& caller) {
+  const std::string call = caller + "(" + RankListString(ranks) + ")";
+  if (control_closed_) ThrowShutDown(call, false);
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    if (stopped_) ThrowShutDown(call, false);
+    CheckNewSet(caller, &ranks, set_ranks_);
+  }
   // Every rank must be registering the same set: compare a digest.
   uint64_t digest = 1469598103934665603ull;
   for (int r : ranks) digest = (digest ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
-  uint64_t minmax[2] = {digest, ~digest};
-  HVD_MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, minmax, 2, MPI_UINT64_T, MPI_MIN, comm));
-  if (minmax[0] != digest || ~minmax[1] != digest) {
+  const Round round = AgreeLocked(digest, false);
+  if (round.closing) {
+    control_closed_ = true;
+    ThrowShutDown(call, true);
+  }
+  if (!round.same) {
     throw InvalidArgument(caller + " on rank " + std::to_string(mpi_->rank()) + ": process set " +
                           RankListString(ranks) + ": ranks passed different process sets. Every "
                           "rank of the job must register the same ranks, in the same order.");
   }
+  // Every rank is here for this set: the communicator's creation completes.
+  MPI_Comm comm = mpi_->comm();
   MPI_Group world_group, group;
   HVD_MPI_CHECK(comm, MPI_Comm_group(comm, &world_group));
   HVD_MPI_CHECK(comm, MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group));
@@ -327,6 +363,12 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
   HVD_MPI_CHECK(comm, MPI_Comm_create(comm, group, &set_comm));
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  if (stopped_) {
+    // Shut down on this rank meanwhile: the peers learn it at their next round.
+    if (set_comm != MPI_COMM_NULL) MPI_Comm_free(&set_comm);
+    ThrowShutDown(call, false);
+  }
   int id;
   if (wanted_id > 0) {
     // Ids below it that stay unused are handed out later.
@@ -350,14 +392,18 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
 }
 
 int Runtime::AddProcessSet(std::vector<int> ranks) {
-  std::lock_guard<std::mutex> lock(sets_mu_);
+  std::lock_guard<std::mutex> control(control_mu_);
   return RegisterLocked(std::move(ranks), -1, "hvd.add_process_set");
 }
 
 bool Runtime::RemoveProcessSet(int id) {
+  const std::string call = "remove_process_set(" + std::to_string(id) + ")";
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (control_closed_) ThrowShutDown(call, false);
   std::shared_ptr<ProcessSetWorker> worker;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
+    if (stopped_) ThrowShutDown(call, false);
     if (id == 0 || !set_ranks_.count(id)) return false;
     set_ranks_.erase(id);
     auto it = workers_.find(id);
@@ -370,9 +416,23 @@ bool Runtime::RemoveProcessSet(int id) {
   if (worker) worker->Shutdown();
   // Its id may be given to a new set: the failed ops' names must not block it.
   handles_.ReleaseNames(id);
-  MPI_Comm comm = mpi_->comm();
-  HVD_MPI_CHECK(comm, MPI_Barrier(comm));
+  if (AgreeLocked(static_cast<uint64_t>(id), false).closing) {
+    control_closed_ = true;
+    ThrowShutDown(call, true);
+  }
   return true;
+}
+
+void Runtime::CloseControl() {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (control_closed_) return;
+  control_closed_ = true;
+  try {
+    AgreeLocked(0, true);
+  } catch (const std::exception& e) {
+    HVD_LOG(kWarning) << "shutdown: the closing round on the control communicator failed: "
+                      << e.what();
+  }
 }
 
 std::optional<ProcessSetInfo> Runtime::GetProcessSet(int id) const {

@@ -3,7 +3,14 @@
 // hvd.init(), destroyed by hvd.shutdown(); a new one can be created after.
 // Thread-safety: Enqueue/handle calls may come from any API thread; process
 // set changes are collective and must be made in the same order on every
-// rank (they are serialised by an internal lock).
+// rank (they are serialised by an internal lock). Note [Control rounds]:
+// each process-set change is one round on the control communicator, and so
+// is the close of hvd.shutdown() (CloseControl). Every round is an allreduce
+// of the same shape, so rounds match across ranks whatever each rank is
+// doing; a round in which some rank is closing closes the control
+// communicator on every rank (its change fails with the shutdown error), so
+// every rank makes the same number of rounds and none waits for a round that
+// a peer which shut down will never make.
 #pragma once
 
 #include <deque>
@@ -67,6 +74,10 @@ class Runtime {
   // Before a Stop for an elastic reset: aborts what waits on peers that may
   // be dead (NCCL communicators), in every process set. Any thread.
   void Abandon(const std::string& why);
+  // The last control round of hvd.shutdown(), after Stop(): a peer's
+  // process-set change racing this rank's shutdown fails instead of waiting
+  // forever. Collective (it matches any peer's round); errors are logged.
+  void CloseControl();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -123,8 +134,17 @@ class Runtime {
   // (in range, distinct, not a duplicate). `caller` labels the message.
   void CheckNewSet(const std::string& caller, std::vector<int>* ranks,
                    const std::map<int, std::vector<int>>& known) const;
-  // `id` < 0: the next free id.
+  struct Round {
+    bool same;     // every rank passed the same digest
+    bool closing;  // some rank is shutting down: the control communicator is closed
+  };
+  // One control round (control_mu_ held).
+  Round AgreeLocked(uint64_t digest, bool closing);
+  // Validates, agrees and registers a set (control_mu_ held). `id` < 0: the
+  // next free id. `caller` labels the messages.
   int RegisterLocked(std::vector<int> ranks, int id, const std::string& caller);
+  // InvalidArgument for a process-set change on a runtime that was shut down.
+  [[noreturn]] void ThrowShutDown(const std::string& call, bool by_peer) const;
 
   Config config_;
   std::unique_ptr<MpiContext> mpi_;
@@ -134,6 +154,9 @@ class Runtime {
   bool dynamic_;
   std::unique_ptr<GpuContext> gpu_;  // outlives the workers that use it
 
+  // Serialises control rounds; taken before sets_mu_, never while holding it.
+  std::mutex control_mu_;
+  bool control_closed_ = false;  // guarded by control_mu_
   mutable std::mutex sets_mu_;
   bool stopped_ = false;  // guarded by sets_mu_
   std::map<int, std::vector<int>> set_ranks_;                     // every registered set

@@ -1,6 +1,8 @@
-// hvdcompat._core.testing: the core's pure logic exposed for unit tests
-// (encoding, fusion planning, 16-bit conversions, and whole negotiation
-// cycles among ranks simulated as threads over an in-memory transport).
+// _core_testing: the core's pure logic exposed for unit tests (encoding,
+// fusion planning, 16-bit conversions, the GPU library loader's error paths,
+// and whole negotiation cycles among ranks simulated as threads over an
+// in-memory transport). Built only with HVDCOMPAT_BUILD_TESTING=ON
+// (tests/core_testing.py builds it on demand); never part of a wheel.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +11,7 @@
 #include <thread>
 
 #include "autotune/bayesian_optimizer.h"
+#include "bindings/py_convert.h"
 #include "autotune/gaussian_process.h"
 #include "autotune/parameter_manager.h"
 #include "negotiation/controller.h"
@@ -18,6 +21,7 @@
 #include "negotiation/fusion.h"
 #include "core/half.h"
 #include "core/message.h"
+#include "gpu/gpu_library.h"
 
 namespace py = pybind11;
 
@@ -110,20 +114,8 @@ TunedParams ToTuned(const py::dict& d) {
   return t;
 }
 
-py::dict FromTuned(const TunedParams& t) {
-  py::dict d;
-  d["fusion_threshold_bytes"] = t.fusion_threshold_bytes;
-  d["cycle_time_ms"] = t.cycle_time_ms;
-  d["fusion_chunk_bytes"] = t.fusion_chunk_bytes;
-  d["max_call_bytes"] = t.max_call_bytes;
-  d["hierarchical_allreduce"] = t.hierarchical_allreduce;
-  d["hierarchical_allgather"] = t.hierarchical_allgather;
-  d["active"] = t.active;
-  return d;
-}
-
 py::object FromOptionalTuned(const std::optional<TunedParams>& t) {
-  return t ? py::object(FromTuned(*t)) : py::object(py::none());
+  return t ? py::object(TunedParamsDict(*t)) : py::object(py::none());
 }
 
 AutotuneOptions ToAutotuneOptions(const py::dict& d) {
@@ -235,7 +227,7 @@ py::tuple Simulate(int size, size_t cache_capacity, const py::list& rounds,
 void RegisterAutotuneTesting(py::module_& m) {
   m.def("roundtrip_tuned_params", [](const py::dict& d) {
     std::string blob = EncodeTunedParams(ToTuned(d));
-    return py::make_tuple(FromTuned(DecodeTunedParams(blob.data(), blob.size())), blob.size());
+    return py::make_tuple(TunedParamsDict(DecodeTunedParams(blob.data(), blob.size())), blob.size());
   });
   m.def("gp_fit_predict",
         [](const std::vector<Point>& x, const std::vector<double>& y, double length,
@@ -285,11 +277,11 @@ void RegisterAutotuneTesting(py::module_& m) {
       .def("applied", [](ParameterManager& pm, double now) { pm.Applied(At(now)); })
       .def_property_readonly("active", &ParameterManager::active)
       .def_property_readonly("num_tuned_knobs", &ParameterManager::num_tuned_knobs)
-      .def_property_readonly("current", [](const ParameterManager& pm) { return FromTuned(pm.current()); })
-      .def_property_readonly("best", [](const ParameterManager& pm) { return FromTuned(pm.best()); })
+      .def_property_readonly("current", [](const ParameterManager& pm) { return TunedParamsDict(pm.current()); })
+      .def_property_readonly("best", [](const ParameterManager& pm) { return TunedParamsDict(pm.best()); })
       .def_property_readonly("best_score", &ParameterManager::best_score)
       .def("to_cube", [](const ParameterManager& pm, const py::dict& p) { return pm.ToCube(ToTuned(p)); })
-      .def("from_cube", [](const ParameterManager& pm, const Point& x) { return FromTuned(pm.FromCube(x)); });
+      .def("from_cube", [](const ParameterManager& pm, const Point& x) { return TunedParamsDict(pm.FromCube(x)); });
   m.def("autotune_options_from_environment", [] {
     AutotuneOptions o = AutotuneOptions::FromConfig(Config::FromEnvironment());
     py::dict d;
@@ -345,6 +337,24 @@ void RegisterLayoutTesting(py::module_& m) {
 }
 
 }  // namespace
+
+static void RegisterGpuLoaderTesting(py::module_& m) {
+  m.def(
+      "load_gpu_libraries",
+      [](std::vector<std::string> cudart, std::vector<std::string> nccl) {
+        GpuSearchPaths paths;
+        paths.cudart = std::move(cudart);
+        paths.nccl = std::move(nccl);
+        GpuLibraries g;
+        {
+          py::gil_scoped_release release;
+          g = LoadGpuLibraries(paths);
+        }
+        return GpuLibrariesDict(g);
+      },
+      py::arg("cudart") = std::vector<std::string>(), py::arg("nccl") = std::vector<std::string>(),
+      "One uncached load attempt with the current environment (loader error paths).");
+}
 
 void RegisterTestingBindings(py::module_& m) {
   m.def(
@@ -419,6 +429,7 @@ void RegisterTestingBindings(py::module_& m) {
         py::arg("rounds"), py::arg("announce"));
   RegisterAutotuneTesting(m);
   RegisterLayoutTesting(m);
+  RegisterGpuLoaderTesting(m);
   m.def("float_to_half_bits", [](const std::vector<float>& v) {
     std::vector<uint16_t> out;
     for (float f : v) out.push_back(FloatToHalf(f));
@@ -437,3 +448,8 @@ void RegisterTestingBindings(py::module_& m) {
 }
 
 }  // namespace hvdcompat
+
+PYBIND11_MODULE(_core_testing, m) {
+  m.doc() = "hvdcompat core logic for unit tests (test builds only)";
+  hvdcompat::RegisterTestingBindings(m);
+}

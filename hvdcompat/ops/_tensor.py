@@ -84,14 +84,13 @@ def check_tensor(tensor, op, name=None):
 
 
 def describe(tensor, code, device):
-    """The tuple the core reads: (pointer, dtype code, shape, device[, stream]).
+    """The `_core.Buffer` the core reads or writes: pointer, dtype code, shape, device.
 
-    CUDA tensors carry the producer's stream, torch's current stream on their
-    device: the core waits on it (through an event) before reading.
+    The producer's stream of CUDA inputs (torch's current stream on their
+    device, which the core waits on before reading) goes with the op
+    (`_core.EnqueueArgs.stream`, see ops/handles.py).
     """
-    if device < 0:
-        return (tensor.data_ptr(), code, tuple(tensor.shape), device)
-    return (tensor.data_ptr(), code, tuple(tensor.shape), device, _gpu.current_stream(device))
+    return _core.Buffer(tensor.data_ptr(), code, tuple(tensor.shape), device)
 
 
 def empty_like_contiguous(tensor, shape=None, op="collective", name=None):

@@ -58,7 +58,7 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
              reduce_op=1, root=-1, prescale=1.0, postscale=1.0, splits=()):
     """Hands one op to the core; returns its handle.
 
-    `inputs`/`outputs` are core buffer tuples; `keep` holds the tensors they
+    `inputs`/`outputs` are `_core.Buffer`s; `keep` holds the tensors they
     point into; `finish(outs, received_splits, join_rank)` builds the result.
     The core checks the engine's rules (initialised, process set and
     membership, root, splits, a name still in flight) and raises ValueError.
@@ -66,11 +66,15 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     if process_set_id is None:
         process_set_id = -1  # never registered, or removed: the core says so
     full, auto = _full_name(prefix, name, process_set_id)
-    handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
-                           float(prescale), float(postscale), inputs, outputs, list(splits))
+    device = inputs[0].device if inputs else -1
+    handle = _core.enqueue(_core.EnqueueArgs(
+        op=_core.OPS[op], name=full, auto_named=auto, process_set=process_set_id,
+        reduce_op=reduce_op, root=root, prescale=prescale, postscale=postscale, inputs=inputs,
+        outputs=outputs, splits=splits,
+        stream=_gpu.current_stream(device) if device >= 0 else None))
     if auto:
         _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
+    _handle_map[handle] = _Pending(keep, finish, device)
     return handle
 
 

@@ -61,8 +61,8 @@ def stats():
 # ---------------------------------------------------------------- dtypes
 
 def d(arr, dtype, device=None):
-    return (arr.ctypes.data, _core.DTYPES[dtype], tuple(arr.shape),
-            DEV if device is None else device, PRODUCER)
+    return _core.Buffer(arr.ctypes.data, _core.DTYPES[dtype], tuple(arr.shape),
+                        DEV if device is None else device)
 
 
 # ---------------------------------------------------------------- capsules
@@ -91,9 +91,10 @@ def name(prefix):
 
 def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, post=1.0,
             splits=(), process_set=0):
-    return _core.enqueue(_core.OPS[op], name(prefix), False, process_set, reduce_op, root,
-                         float(pre), float(post), list(inputs), list(outputs),
-                         [list(s) for s in splits])
+    return _core.enqueue(_core.EnqueueArgs(
+        op=_core.OPS[op], name=name(prefix), process_set=process_set, reduce_op=reduce_op,
+        root=root, prescale=pre, postscale=post, inputs=list(inputs), outputs=list(outputs),
+        splits=[list(s) for s in splits], stream=PRODUCER))
 
 
 def finish(handle, stream=CONSUMER):
@@ -362,9 +363,9 @@ def check_default_stream_of_the_tensors_device():
     device's stream)."""
     x = make(rank_values(1000, RANK, Sum, "float32"), "float32")
     out = np.zeros_like(x)
-    h = _core.enqueue(_core.OPS["allreduce"], name("legacy"), False, 0, Sum, -1, 1.0, 1.0,
-                      [(x.ctypes.data, _core.DTYPES["float32"], x.shape, DEV, 0)],
-                      [(out.ctypes.data, _core.DTYPES["float32"], out.shape, DEV, 0)], [])
+    h = _core.enqueue(_core.EnqueueArgs(op=_core.OPS["allreduce"], name=name("legacy"),
+                                        reduce_op=Sum, inputs=[d(x, "float32")],
+                                        outputs=[d(out, "float32")], stream=0))
     finish(h, stream=0)
     close(out, expected(1000, Sum, "float32"), "float32", "allreduce on the default stream")
     assert stats()["wrong_device"] == 0, stats()
@@ -578,9 +579,10 @@ def run_process_sets():
         for ps in mine:
             x = make(rank_values(16 + k, RANK, Sum, "float32"), "float32")
             arrays.append((x, ps, k))
-            handles.append(_core.enqueue(_core.OPS["allreduce"], f"ps{ps.process_set_id}.ar{k}",
-                                         False, ps.process_set_id, Sum, -1, 1.0, 1.0,
-                                         [d(x, "float32")], [d(x, "float32")], []))
+            handles.append(_core.enqueue(_core.EnqueueArgs(
+                op=_core.OPS["allreduce"], name=f"ps{ps.process_set_id}.ar{k}",
+                process_set=ps.process_set_id, reduce_op=Sum, inputs=[d(x, "float32")],
+                outputs=[d(x, "float32")], stream=PRODUCER)))
     for h in handles:
         finish(h)
     for x, ps, k in arrays:

@@ -6,9 +6,10 @@ import random
 import pytest
 import torch
 
+import core_testing
 from hvdcompat.basics import _core
 
-T = _core.testing
+T = core_testing.load()
 
 
 def _cases(seed, count):

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+import core_testing
 from hvdcompat.basics import _core
 
-T = _core.testing
+T = core_testing.load()
 OP = _core.OPS
 DT = _core.DTYPES
 RO = _core.REDUCE_OPS

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+import core_testing
 from harness import REPO, mpi_env
 
 ABI_DIR = os.path.join(REPO, "tests", "gpu_abi")
@@ -134,8 +135,8 @@ def test_the_real_libraries_load_with_every_required_symbol():
     env = mpi_env()
     env.pop("HVDCOMPAT_NCCL_LIB", None)
     env.pop("HVDCOMPAT_CUDART_LIB", None)
-    code = ("import hvdcompat.basics as b\n"
-            f"info = b._core.testing.load_gpu_libraries({cudart[:1]!r}, {nccl[:1]!r})\n"
+    code = (core_testing.loader_code("T") +
+            f"info = T.load_gpu_libraries({cudart[:1]!r}, {nccl[:1]!r})\n"
             "assert info['cuda_loaded'] and info['nccl_loaded'], info\n"
             "assert info['nccl_version'] > 20700 and info['cuda_runtime_version'] > 11000, info\n"
             "print(info['nccl_version_string'])\n")

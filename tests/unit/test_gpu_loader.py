@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import core_testing
 from harness import mpi_env
 
 MISSING = "/nonexistent/hvdcompat-test/libnccl.so.2"
@@ -33,6 +34,8 @@ def _run(code, **env):
                 "HVDCOMPAT_GPU_OPERATIONS"):
         full.pop(var, None)
     full.update({k: str(v) for k, v in env.items()})
+    if "T.load_gpu_libraries" in code:
+        code = core_testing.loader_code("T") + textwrap.dedent(code)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                        text=True, env=full, timeout=180)
     assert r.returncode == 0 and "ok" in r.stdout.split(), r.stdout + r.stderr
@@ -42,7 +45,7 @@ def _run(code, **env):
 def test_missing_cuda_runtime_names_the_variable_and_path():
     _run("""
         from hvdcompat.basics import _core
-        info = _core.testing.load_gpu_libraries()
+        info = T.load_gpu_libraries()
         err = info["cuda_error"]
         assert not info["cuda_loaded"] and not info["nccl_loaded"], info
         assert "HVDCOMPAT_CUDART_LIB=/nonexistent/libcudart.so.12" in err, err
@@ -58,7 +61,7 @@ def test_nccl_lib_pointing_at_a_bad_file_names_it(fake_gpu_lib, tmp_path):
     bad.write_text("not a shared library\n")
     _run(f"""
         from hvdcompat.basics import _core
-        info = _core.testing.load_gpu_libraries()
+        info = T.load_gpu_libraries()
         err = info["nccl_error"]
         assert info["cuda_loaded"] and not info["nccl_loaded"], info
         assert "NCCL (libnccl) could not be loaded from HVDCOMPAT_NCCL_LIB={bad}" in err, err
@@ -72,7 +75,7 @@ def test_a_library_without_the_symbols_is_rejected_by_name(fake_gpu_lib):
     _run("""
         import ctypes.util
         from hvdcompat.basics import _core
-        info = _core.testing.load_gpu_libraries()
+        info = T.load_gpu_libraries()
         err = info["nccl_error"]
         assert not info["nccl_loaded"], info
         assert "lacks the symbol ncclGetVersion" in err, err
@@ -83,7 +86,7 @@ def test_a_library_without_the_symbols_is_rejected_by_name(fake_gpu_lib):
 def test_no_nccl_found_lists_where_it_looked(fake_gpu_lib):
     _run(f"""
         from hvdcompat.basics import _core
-        info = _core.testing.load_gpu_libraries([], ["{MISSING}"])
+        info = T.load_gpu_libraries([], ["{MISSING}"])
         if info["nccl_loaded"]:
             print("ok")  # this machine has an NCCL the system loader finds
             raise SystemExit(0)

@@ -6,9 +6,10 @@ produces); the GPU rule is NCCL's own, and tests/test_gpu_fake.py runs integer A
 through both the NCCL path (ncclAvg) and the host-staged one (NCCL 2.9) on the fake.
 """
 
+import core_testing
 import hvdcompat.basics as b
 
-T = b._core.testing
+T = core_testing.load()
 DT = b._core.DTYPES
 
 
