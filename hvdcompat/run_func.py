@@ -242,11 +242,10 @@ def _rank_pythonpath(environ):
     """PYTHONPATH for the ranks: this hvdcompat and the caller's script directory first."""
     import site
 
-    import hvdcompat
-
     entries = environ.get("PYTHONPATH", "").split(os.pathsep) if environ.get("PYTHONPATH") else []
     wanted = []
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(hvdcompat.__file__)))
+    # This module sits at the package's top level: its directory's parent holds the package.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if package_root not in site.getsitepackages():
         wanted.append(package_root)
     # Functions from modules beside the script are pickled by reference; the

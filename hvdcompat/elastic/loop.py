@@ -3,20 +3,21 @@
 import functools
 import os
 import sys
-import time
 
-from hvdcompat import basics
+from hvdcompat import _session, basics
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["run", "run_fn", "reset", "last_reset_seconds"]
 
 
-_last_reset_seconds = [None]
-
-
 def last_reset_seconds():
-    """Seconds the last reset on this rank took (None before the first); an hvdcompat extension."""
-    return _last_reset_seconds[0]
+    """Seconds the last reset on this rank took (None before the first); an hvdcompat extension.
+
+    The answer belongs to the world the reset built: None again after
+    shutdown and init.
+    """
+    session = _session.get()
+    return session.last_reset_seconds if session is not None else None
 
 
 def _knob_int(suffix):
@@ -63,9 +64,7 @@ def reset():
         HorovodInternalError: fewer ranks than ``--min-np`` survived.
     """
     _leave_if_host_removed()
-    started = time.monotonic()
     survivors = basics._elastic_reset()
-    _last_reset_seconds[0] = time.monotonic() - started
     min_np = _knob_int("ELASTIC_MIN_NP")
     if min_np is not None and basics.size() < min_np:
         raise HorovodInternalError(

@@ -1,28 +1,21 @@
-"""Handles of asynchronous ops: enqueue, poll, synchronize, and op naming."""
+"""Handles of asynchronous ops: enqueue, poll, synchronize, and op naming.
 
-from hvdcompat import _gpu
-from hvdcompat.basics import _NOT_INITIALIZED, _core, _on_init, _on_shutdown
+The handle table, the name counters and the names in use belong to the
+running session (Note [One owner of Python state] in hvdcompat/_session.py):
+``session.handles`` holds every tensor the core reads or writes until the op
+completes (the core keeps raw pointers). A name stays taken
+(``session.names_in_use``) until its caller has seen the op finish
+(synchronize, or poll returning True), not merely until the engine finishes
+it: the engine can complete an op between two Python calls, and whether a
+repeated name was refused must not depend on that timing.
+"""
+
+from hvdcompat import _gpu, _session
+from hvdcompat._ext import STATUS as _STATUS
+from hvdcompat._ext import _core
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["poll", "synchronize"]
-
-_STATUS = _core.STATUS
-
-# handle -> _Pending. Holds every tensor the core reads or writes until the op
-# completes (the core keeps raw pointers).
-_handle_map = {}
-# process set id -> number of unnamed ops enqueued on it (names them).
-_noname_counts = {}
-# (process set id, full name) -> handle of the op holding that name. A name
-# stays taken until its caller has seen the op finish (synchronize, or poll
-# returning True), not merely until the engine finishes it: the engine can
-# complete an op between two Python calls, and whether a repeated name was
-# refused must not depend on that timing.
-_names_in_use = {}
-# Handles standing for several core ops (grouped ops over several dtypes):
-# negative ids -> (core handles, assemble(results) -> result).
-_composites = {}
-_next_composite = [-1]
 
 
 class _Pending:
@@ -35,40 +28,23 @@ class _Pending:
         self.name_key = name_key
 
 
-def _reset():
-    _handle_map.clear()
-    _noname_counts.clear()
-    _names_in_use.clear()
-    _composites.clear()
-    _next_composite[0] = -1
-
-
 def _composite(handles, assemble):
     """One handle for several enqueued ops; synchronize returns assemble(results)."""
-    cid = _next_composite[0]
-    _next_composite[0] -= 1
-    _composites[cid] = (list(handles), assemble)
+    session = _session.current()
+    cid = session.next_composite
+    session.next_composite -= 1
+    session.composites[cid] = (list(handles), assemble)
     return cid
 
 
-def _release_name(handle, pending):
-    if _names_in_use.get(pending.name_key) == handle:
-        del _names_in_use[pending.name_key]
+def _release_name(session, handle, pending):
+    if session.names_in_use.get(pending.name_key) == handle:
+        del session.names_in_use[pending.name_key]
 
 
-def _forget_process_set(process_set_id):
-    """Frees the names held on a removed set (its id may be given to a new set)."""
-    for key in [k for k in _names_in_use if k[0] == process_set_id]:
-        del _names_in_use[key]
-
-
-_on_init.append(_reset)
-_on_shutdown.append(_reset)
-
-
-def _full_name(prefix, name, process_set_id):
+def _full_name(session, prefix, name, process_set_id):
     if name is None:
-        k = _noname_counts.get(process_set_id, 0)
+        k = session.noname_counts.get(process_set_id, 0)
         return f"{prefix}.noname.{k}", True
     return f"{prefix}.{name}", False
 
@@ -80,16 +56,15 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     `inputs`/`outputs` are core buffer tuples; `keep` holds the tensors they
     point into; `finish(outs, received_splits, join_rank)` builds the result.
     """
-    if not _core.is_initialized():
-        raise ValueError(_NOT_INITIALIZED)
+    session = _session.current()
     if process_set_id is None:
         # A ProcessSet never registered, or removed (remove_process_set clears its id).
         raise ValueError(f"{op.capitalize()} '{prefix if name is None else name}': Process set "
                          "provided does not exist, or has not been registered. Register it "
                          "with hvd.add_process_set or hvd.init(process_sets=...).")
-    full, auto = _full_name(prefix, name, process_set_id)
+    full, auto = _full_name(session, prefix, name, process_set_id)
     key = (process_set_id, full)
-    if key in _names_in_use:
+    if key in session.names_in_use:
         raise ValueError(
             f"{op} '{full}': an operation with this name is still in flight on rank "
             f"{_core.rank()} (its handle has not been synchronized). Requested to allreduce, "
@@ -99,9 +74,9 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
-        _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
-    _names_in_use[key] = handle
+        session.noname_counts[process_set_id] = session.noname_counts.get(process_set_id, 0) + 1
+    session.handles[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
+    session.names_in_use[key] = handle
     return handle
 
 
@@ -117,14 +92,15 @@ def poll(handle):
     Raises:
         ValueError: the handle is unknown or was already synchronized.
     """
-    if handle in _composites:
-        return all(poll(h) for h in _composites[handle][0])
-    pending = _handle_map.get(handle)
+    session = _session.get()
+    if session is not None and handle in session.composites:
+        return all(poll(h) for h in session.composites[handle][0])
+    pending = session.handles.get(handle) if session is not None else None
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
     done = _core.poll(handle)
     if done:
-        _release_name(handle, pending)
+        _release_name(session, handle, pending)
     return done
 
 
@@ -143,8 +119,11 @@ def synchronize(handle):
             lost or shut down, or communication failed); the message says why.
         ValueError: the op was invalid on this rank.
     """
-    if handle in _composites:
-        handles, assemble = _composites.pop(handle)
+    session = _session.get()
+    if session is None:
+        return None
+    if handle in session.composites:
+        handles, assemble = session.composites.pop(handle)
         results, error = [], None
         for h in handles:  # wait for every part, even after a failure
             try:
@@ -154,7 +133,7 @@ def synchronize(handle):
         if error is not None:
             raise error
         return assemble(results)
-    pending = _handle_map.get(handle)
+    pending = session.handles.get(handle)
     if pending is None:
         return None
     # A CUDA op's outputs are ordered before later work on the caller's
@@ -163,8 +142,8 @@ def synchronize(handle):
     try:
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
-        _handle_map.pop(handle, None)
-        _release_name(handle, pending)
+        session.handles.pop(handle, None)
+        _release_name(session, handle, pending)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)

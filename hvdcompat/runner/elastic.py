@@ -191,7 +191,7 @@ class ElasticDriver:
             plan: ``plan(extra_env) -> (cmd, env)``; raises LaunchError.
             run: ``run(cmd, env) -> exit code``.
         """
-        from hvdcompat.runner.launch import EXIT_USAGE, LaunchError
+        from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 
         with cls(args) as driver:
             try:
