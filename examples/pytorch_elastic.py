@@ -1,7 +1,9 @@
-"""Elastic MNIST-shaped training on generated data: survives losing ranks, in place.
+"""Elastic MNIST-shaped training on generated data: survives losing ranks, grows with hosts.
 
     hvdcompatrun -np 3 --min-np 2 python examples/pytorch_elastic.py \
         --inject-failure 1:0:2:sigkill
+    hvdcompatrun --min-np 1 --host-discovery-script ./discover.sh \
+        python examples/pytorch_elastic.py --hold-at 0:5
 
 The training function runs inside ``hvd.elastic.run`` with a ``TorchState``
 (model, optimizer, ElasticSampler, epoch and batch counters) committed every
@@ -12,8 +14,14 @@ survivors in place (Open MPI's ULFM; no restart) and continue; the sampler
 deals what is left of the epoch over the new world. Each epoch the ranks also
 count, in a committed tally, how often every sample was trained on, and print
 whether every sample of the epoch was seen exactly once. At the end every rank
-prints a checksum of its model (identical on every rank) and the time from the
-death to the first batch trained after it.
+prints a checksum of its model (identical on every rank); rank 0 prints the
+time from a death to the first batch trained after it, and from hosts being
+added (the launcher's notice) to the first batch of the restarted job.
+
+``--hold-at EPOCH:BATCH,...`` makes the job wait before that batch,
+committing every 0.2 s, until the hosts change (so a discovery script, or a
+test, can change them at a known point of training); rank 0 writes
+``hold-EPOCH.BATCH`` in ``--hold-dir`` when it starts waiting.
 """
 
 import argparse
@@ -75,9 +83,15 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--commit-every", type=int, default=1, help="batches between commits")
-    p.add_argument("--inject-failure", default="", metavar="RANK:EPOCH:BATCH:MODE",
-                   help="rank RANK (or 'all') fails before batch BATCH of epoch EPOCH; MODE is "
-                        "exception or sigkill")
+    p.add_argument("--inject-failure", default="", metavar="RANK:EPOCH:BATCH:MODE[,...]",
+                   help="rank RANK (its rank at the start; or 'all') fails before batch BATCH "
+                        "of epoch EPOCH; MODE is exception or sigkill; several comma-separated")
+    p.add_argument("--hold-at", default="", metavar="EPOCH:BATCH,...",
+                   help="before these batches wait (committing) until the hosts change, at most "
+                        "--hold-seconds")
+    p.add_argument("--hold-seconds", type=float, default=60)
+    p.add_argument("--hold-dir", default="",
+                   help="where rank 0 writes hold-EPOCH.BATCH when it starts waiting")
     p.add_argument("--simulate-hosts", default="", metavar="NAMES",
                    help="comma-separated host name of each rank (e.g. a,a,b), to try host "
                         "removal on one machine")
@@ -104,20 +118,24 @@ def main():
                                          named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    # log: one entry per finished epoch (kept in the state, so it survives a
+    # restart on new hosts); held: the (epoch, batch) holds that are over.
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, tally=tally, epoch=0,
-                                   batch=0)
+                                   batch=0, log=(), held=())
     # Where the failing rank notes the time of its death (one machine or a shared clock).
     shared = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvd-elastic-")
                                   if hvd.rank() == 0 else None, name="elastic.example.dir")
-    failure = args.inject_failure.split(":") if args.inject_failure else None
-    timing = {"detected": None, "resumed": None}
-    epochs = []
+    failures = [f.split(":") for f in args.inject_failure.split(",") if f]
+    timing = {"detected": None, "resumed": None, "grown": None}
+    holds = {tuple(map(int, h.split(":"))) for h in args.hold_at.split(",") if h}
 
     def maybe_fail():
-        if not failure or (state.epoch, state.batch) != (int(failure[1]), int(failure[2])):
+        matching = [f for f in failures
+                    if (state.epoch, state.batch) == (int(f[1]), int(f[2]))
+                    and (f[0] == "all" or int(f[0]) == first_rank)]
+        if not matching:
             return
-        if failure[0] != "all" and int(failure[0]) != first_rank:
-            return
+        failure = matching[0]
         with open(os.path.join(shared, f"death.{first_rank}"), "w") as f:
             f.write(repr(time.time()))
         if failure[3] == "sigkill":
@@ -135,6 +153,49 @@ def main():
             f.write(f"{time.time():.6f} {int(hvd.elastic.HostUpdateResult.removed)} "
                     f"{removal[2]}\n")
 
+    def checksum():
+        flat = torch.cat([p.detach().flatten() for p in model.state_dict().values()]).double()
+        return float((flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum())
+
+    def identical_everywhere():
+        mine = torch.tensor([checksum()], dtype=torch.float64)
+        low = hvd.allreduce(mine, name="checksum.min", op=hvd.Min)
+        high = hvd.allreduce(mine, name="checksum.max", op=hvd.Max)
+        return bool(low.item() == high.item())
+
+    def maybe_hold():
+        here = (state.epoch, state.batch)
+        if here not in holds or here in state.held:
+            return
+        state.held = state.held + (here,)  # committed below: the hold ends with any reset
+        if hvd.rank() == 0 and args.hold_dir:
+            with open(os.path.join(args.hold_dir, f"hold-{here[0]}.{here[1]}"), "w") as f:
+                f.write(f"{time.time():.6f}\n")
+        deadline = time.monotonic() + args.hold_seconds
+        while time.monotonic() < deadline:
+            state.commit()  # raises HostsUpdatedInterrupt once the hosts changed
+            time.sleep(0.2)
+        if hvd.rank() == 0:
+            print(f"hold at epoch {here[0]} batch {here[1]}: no host change in "
+                  f"{args.hold_seconds} s", flush=True)
+
+    def note_resumed():
+        now = time.time()
+        if timing["detected"] is not None and timing["resumed"] is None:
+            timing["resumed"] = now
+            deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)]
+            if deaths and hvd.rank() == 0:
+                print(f"recovery from the death to training resumed {now - min(deaths):.2f} s "
+                      f"(now {hvd.size()} ranks)", flush=True)
+        restarted = hvd.elastic.last_restart()
+        if restarted and timing["grown"] is None:
+            timing["grown"] = now - restarted["hosts_updated_at"]
+            if hvd.rank() == 0:
+                print(f"recovery from hosts added to training resumed {timing['grown']:.2f} s "
+                      f"(restart on {hvd.size()} ranks; the state was written "
+                      f"{restarted['saved_at'] - restarted['hosts_updated_at']:.2f} s after "
+                      "the notice)", flush=True)
+
     def on_reset():
         print(f"rank {first_rank}: reset done, now rank {hvd.rank()} of {hvd.size()} "
               f"(reset took {hvd.elastic.last_reset_seconds():.2f} s)", flush=True)
@@ -148,6 +209,7 @@ def main():
                 loss = torch.tensor(float("nan"))
                 for idx, x, y in loader:
                     maybe_fail()
+                    maybe_hold()
                     maybe_announce_removal()
                     optimizer.zero_grad()
                     loss = F.cross_entropy(model(x), y)
@@ -156,18 +218,20 @@ def main():
                     counts = torch.zeros(len(data))
                     counts[idx] += 1
                     tally.seen += hvd.allreduce(counts, name="tally", op=hvd.Sum)
-                    if timing["detected"] is not None and timing["resumed"] is None:
-                        timing["resumed"] = time.time()
+                    note_resumed()
                     state.sampler.record_batch(state.batch, args.batch_size)
                     state.batch += 1
                     if state.batch % args.commit_every == 0:
                         state.commit()
                 once = bool((tally.seen == 1).all())
-                epochs.append({"epoch": state.epoch, "size": hvd.size(), "rank": hvd.rank(),
-                               "exactly_once": once, "loss": loss.item()})
+                same = identical_everywhere()
+                state.log = state.log + ({"epoch": state.epoch, "size": hvd.size(),
+                                          "exactly_once": once, "identical": same,
+                                          "loss": loss.item()},)
                 if hvd.rank() == 0:
                     print(f"epoch {state.epoch}: {hvd.size()} ranks, loss {loss.item():.4f}, "
-                          f"every sample seen exactly once: {once}", flush=True)
+                          f"every sample seen exactly once: {once}, models identical on every "
+                          f"rank: {same}", flush=True)
                 tally.seen.zero_()
                 state.epoch += 1
                 state.batch = 0
@@ -178,17 +242,18 @@ def main():
             raise
 
     train(state)
-    flat = torch.cat([p.detach().flatten() for p in model.state_dict().values()]).double()
-    checksum = float((flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum())
+    final = checksum()
     deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)]
     recovery = (timing["resumed"] - min(deaths)) if deaths and timing["resumed"] else None
     print(f"rank {first_rank} -> {hvd.rank()} of {hvd.size()}: done, model checksum "
-          f"{checksum:.10e}" + (f", recovery from the death to training resumed {recovery:.2f} s"
+          f"{final:.10e}" + (f", recovery from the death to training resumed {recovery:.2f} s"
                                 if recovery is not None else ""), flush=True)
     if args.report_dir:
         with open(os.path.join(args.report_dir, f"rank{first_rank}.json"), "w") as f:
             json.dump({"first_rank": first_rank, "rank": hvd.rank(), "size": hvd.size(),
-                       "checksum": checksum, "epochs": epochs, "recovery": recovery}, f)
+                       "checksum": final, "epochs": list(state.log), "recovery": recovery,
+                       "grown": timing["grown"],
+                       "restarted": hvd.elastic.last_restart() is not None}, f)
     hvd.barrier()
     if hvd.rank() == 0:
         for f in os.listdir(shared):

@@ -2,6 +2,7 @@
 
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --measure-baseline
+    hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --measure-ceiling
     mpirun --allow-run-as-root -np 2 python examples/pytorch_synthetic_benchmark.py  # plain MPI
     python examples/pytorch_synthetic_benchmark.py --no-hvd              # one process alone
     hvdcompatrun -np 2 python examples/pytorch_synthetic_benchmark.py --baseline-img-sec 41.5
@@ -21,6 +22,11 @@ With --autotune, after the timed iterations an engine restarted with
 HOROVOD_AUTOTUNE=1 searches on the same training loop; then the default engine
 and one started with the values found are timed in alternating rounds, and a
 table compares the two.
+With --measure-ceiling, rounds of training without communication (every rank
+at once trains its own copy with the plain optimizer, the ranks aligned
+between iterations) alternate with rounds of the DistributedOptimizer, and
+the table gives the distributed rate as a fraction of that ceiling: the part
+of the step the gradient exchange costs.
 --mpi4py-first starts MPI from mpi4py before hvdcompat is imported, so the
 two import orders can be compared.
 """
@@ -160,6 +166,12 @@ def parse_args():
                                "other ranks wait; then print the scaling efficiency")
     baseline.add_argument("--baseline-img-sec", type=float, default=None,
                           help="an earlier --no-hvd result, to print the scaling efficiency")
+    p.add_argument("--measure-ceiling", action="store_true",
+                   help="alternate rounds of training without communication (every rank at "
+                        "once, plain optimizer) with the distributed rounds, and print the "
+                        "distributed rate as a fraction of that ceiling")
+    p.add_argument("--ceiling-rounds", type=int, default=2,
+                   help="alternating ceiling/distributed rounds with --measure-ceiling")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per rank (default: cores / ranks on this node)")
     p.add_argument("--autotune", action="store_true",
@@ -173,8 +185,13 @@ def parse_args():
     p.add_argument("--mpi4py-first", action="store_true",
                    help="start MPI from mpi4py before importing hvdcompat")
     args = p.parse_args()
-    if args.no_hvd and args.measure_baseline:
-        p.error("--measure-baseline is for a distributed run; --no-hvd is the baseline itself")
+    if args.no_hvd and (args.measure_baseline or args.measure_ceiling):
+        p.error("--measure-baseline and --measure-ceiling are for a distributed run; --no-hvd "
+                "is one process alone")
+    if args.measure_ceiling and args.autotune:
+        p.error("--measure-ceiling and --autotune each time their own rounds: choose one")
+    if args.ceiling_rounds < 1:
+        p.error("--ceiling-rounds must be at least 1")
     return args
 
 
@@ -321,6 +338,10 @@ def main():
         baseline = measure_baseline(args, device, sync, rank, log)
     log(f"Running warm-up ({args.num_warmup_batches} batches) on {size} rank(s)...")
     train_batch = trainer(model, optimizer, data, target)
+    if args.measure_ceiling:
+        compare_ceiling(args, train_batch, sync, device, unit, log)
+        hvd.shutdown()
+        return
     rates = timed_run(train_batch, sync, args, unit, log)
     if distributed and args.autotune:
         # Later rounds run on a restarted engine: timed iterations only.
@@ -364,6 +385,59 @@ def gather_totals(rates):
     all_rates = hvd.allgather(torch.tensor([rates], dtype=torch.float64),
                               name="benchmark.rates").tolist()
     return [sum(r[i] for r in all_rates) for i in range(len(rates))]
+
+
+def compare_ceiling(args, distributed_batch, sync, device, unit, log):
+    """Rounds without communication and distributed rounds in turns, then the table.
+
+    The ceiling is what the ranks reach training at the same time with no
+    gradient exchange: same model, batch, threads and cores, each rank on its
+    own copy with the plain optimizer. An allreduce of one number between
+    iterations (outside the timed part) keeps the ranks side by side, so
+    neither ever has the machine to itself. Alternating the rounds lets load
+    that comes and goes hit both alike.
+    """
+    torch.manual_seed(1234)
+    model, data, target, _ = build(args)
+    model, data, target = model.to(device), data.to(device), target.to(device)
+    plain = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    alone_batch = trainer(model, plain, data, target)
+    tick = torch.zeros(1)
+
+    def align():
+        hvd.allreduce(tick, name="benchmark.ceiling_align")
+
+    rates = {"ceiling": [], "distributed": []}
+    for r in range(args.ceiling_rounds):
+        for label, batch in (("ceiling", alone_batch), ("distributed", distributed_batch)):
+            what = ("without communication" if label == "ceiling"
+                    else "with the DistributedOptimizer")
+            log(f"Round {r + 1}/{args.ceiling_rounds}, {what}:")
+            # Warm-up only in the first round of each kind.
+            again = args if r == 0 else argparse.Namespace(**{**vars(args),
+                                                              "num_warmup_batches": 0})
+            align()
+            rates[label] += gather_per_rank_rates(timed_run(batch, sync, again, unit, log,
+                                                            after_each=align))
+    if hvd.rank() == 0:
+        ceiling = mean_conf(rates["ceiling"])
+        dist = mean_conf(rates["distributed"])
+        print(f"\n| training on {hvd.size()} ranks | {unit}/sec per rank (mean ± 1.96·std) | "
+              "of ceiling |")
+        print("|---|---:|---:|")
+        print(f"| no communication (ceiling) | {ceiling[0]:.1f} ± {ceiling[1]:.1f} | 1.00 |")
+        print(f"| DistributedOptimizer | {dist[0]:.1f} ± {dist[1]:.1f} | "
+              f"{dist[0] / ceiling[0]:.2f} |")
+        print(f"\nCeiling {unit}/sec per rank: {ceiling[0]:.1f}; distributed: {dist[0]:.1f} "
+              f"({dist[0] / ceiling[0]:.2f} of ceiling; {args.ceiling_rounds} alternating rounds "
+              f"of {args.num_iters} iterations each).")
+
+
+def gather_per_rank_rates(rates):
+    """Every rank's per-iteration rates, as one flat list (the same on every rank)."""
+    gathered = hvd.allgather(torch.tensor([rates], dtype=torch.float64),
+                             name="benchmark.rates").tolist()
+    return [v for values in gathered for v in values]
 
 
 def compare_autotune(args, default_rates, timed, train_batch, unit, log):

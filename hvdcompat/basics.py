@@ -7,7 +7,6 @@ import time
 
 from hvdcompat import _gpu, _session
 from hvdcompat import process_sets as _ps
-from hvdcompat._ext import NOT_INITIALIZED as _NOT_INITIALIZED
 from hvdcompat._ext import Adasum, Average, Max, Min, Product, Sum, _core  # noqa: F401
 from hvdcompat.exceptions import HorovodInternalError
 
@@ -33,14 +32,33 @@ class _ProcessExit:
     def __init__(self):
         self.registered = False  # _at_exit is registered with atexit
         self.as_failed_rank = False  # see _exit_as_failed_rank
-        # Set once a reset has left ranks behind: at exit the engine is stopped
-        # but MPI_Finalize is skipped, since Open MPI's finalize was seen to wait
-        # forever now and then once processes of the job have died (the cause is
-        # not known).
+        # Set once a reset has left ranks behind (or an elastic rank finished
+        # under ULFM): at exit the engine is stopped but MPI_Finalize is skipped
+        # (Note [No MPI_Finalize after a lost rank]).
         self.lost_ranks = False
 
 
 _exit = _ProcessExit()
+
+# Note [No MPI_Finalize after a lost rank]
+# Under hvdcompatrun's fault-tolerant flags Open MPI runs ULFM's heartbeat
+# failure detector (mpi_ft_detector, in its own thread): the processes of
+# MPI_COMM_WORLD form a ring, each watching its predecessor. MPI_Finalize
+# first tells the watcher that this process stops, then waits until its
+# watched process says the same (ompi_comm_failure_detector_finalize). Once a
+# process of the world has died that wait never ends on the survivors (seen in
+# every run with a stack dump: both survivors spinning in that function;
+# without the detector, finalize returns). The detector cannot be stopped
+# from outside MPI_Finalize, and it is what notices a lost host, so a
+# survivor ends without MPI_Finalize: the engine is shut down, stdio flushed,
+# and the interpreter exits normally, with its own exit code (sys.exit(N),
+# 1 after an unhandled exception). Open MPI then counts the process as ended
+# without finalizing, which under ULFM does not affect the others.
+
+
+def _skip_finalize_at_exit():
+    """Makes this process end without MPI_Finalize (Note [No MPI_Finalize after a lost rank])."""
+    _exit.lost_ranks = True
 
 
 def _comm_arguments(comm):
@@ -183,6 +201,23 @@ def _exit_as_failed_rank():
         _exit.as_failed_rank = False
 
 
+def _mark_final_world():
+    """Tells hvdcompatrun's elastic driver that this process ended in the job's current world.
+
+    The driver takes the job's exit code from these processes' own exit
+    codes (their rank supervisors record them); see ElasticDriver.verdict.
+    """
+    directory = _core.knob("ELASTIC_DIR")
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
+    if not directory or not (rank or "").isdigit():
+        return
+    try:
+        with open(os.path.join(directory, f"final.{rank}"), "w") as f:
+            f.write(f"{_core.rank()} {_core.size()}\n")
+    except OSError:
+        pass  # the driver is gone: nobody to tell
+
+
 def _at_exit():
     import sys
 
@@ -190,14 +225,17 @@ def _at_exit():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    if _core.is_initialized():
+        _mark_final_world()
     if _exit.lost_ranks:
+        # Note [No MPI_Finalize after a lost rank]: the engine stops, MPI is
+        # left as it is, and the interpreter goes on to exit with its code.
         with _lifecycle_lock:
             if _core.is_initialized():
                 _core.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        # An unhandled exception has set sys.last_value by now.
-        os._exit(1 if getattr(sys, "last_value", None) is not None else 0)
+        return
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
         _core.finalize()

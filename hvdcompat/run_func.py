@@ -37,8 +37,10 @@ _TERMINATE_GRACE_S = 10.0
 # Reports already sent when mpirun exits may still be in the listener threads.
 _DRAIN_S = 5.0
 
-# Parameters that only an elastic job uses (Horovod: any of them makes the job elastic).
-ELASTIC_PARAMETERS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range")
+# Parameters that only an elastic job uses (Horovod: any of them makes the job elastic); the
+# last two are hvdcompat's, for hvdcompatrun's flags of the same names.
+ELASTIC_PARAMETERS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
+                      "host_discovery_script", "elastic_timeout")
 
 # run() parameters that map to an hvdcompatrun option, by horovodrun's spellings.
 _OPTION_SPELLINGS = {
@@ -84,11 +86,11 @@ class _Job:
     """
 
     def __init__(self, num_proc, payload):
-        self._num_proc = num_proc
+        self.num_proc = num_proc  # set before the launch starts the ranks
         self._payload = payload
         self._lock = threading.Lock()
         self._hosts = {}      # rank -> host it runs on
-        self._results = {}    # rank -> pickled return value
+        self._results = {}    # rank -> its result report (pickled "value", "final" place)
         self._failures = []   # error reports, in arrival order
         self._lost = {}       # rank -> why its connection ended without a report
         self._problems = []   # peers that did not behave like ranks of this job
@@ -100,9 +102,9 @@ class _Job:
             return
         rank = hello.get("rank") if isinstance(hello, dict) else None
         with self._lock:
-            if not isinstance(rank, int) or not 0 <= rank < self._num_proc:
+            if not isinstance(rank, int) or not 0 <= rank < self.num_proc:
                 self._problems.append(f"a rank announced itself as {rank!r}, outside 0.."
-                                      f"{self._num_proc - 1}")
+                                      f"{self.num_proc - 1}")
                 return
             if rank in self._hosts:
                 self._problems.append(f"rank {rank} connected twice (from {self._hosts[rank]} "
@@ -118,7 +120,7 @@ class _Job:
             return
         with self._lock:
             if report.get("kind") == "result":
-                self._results[rank] = report["value"]
+                self._results[rank] = report
             else:
                 self._failures.append(report)
 
@@ -141,20 +143,42 @@ def _deprecated(old, new, value, current, default):
     return value if current == default else current
 
 
-def _run_elastic(settings):
-    """Launches an elastic job; ``settings`` maps each elastic parameter given to its value.
+def _elastic_options(settings, hosts, hostfile):
+    """hvdcompatrun's elastic flag tokens for run()'s elastic parameters.
 
-    The one place where run() hands over to elastic training: run() has
-    validated everything else and calls this with the elastic parameters that
-    were given (see ELASTIC_PARAMETERS).
+    Raises:
+        ValueError: a value of the wrong kind, or parameters that exclude each other.
     """
-    given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    raise NotImplementedError(
-        f"hvdcompat.run({given}): elastic jobs cannot be started through hvdcompat.run yet. "
-        f"Put the training in a script decorated with hvd.elastic.run and launch it with "
-        f"hvdcompatrun's elastic flags (e.g. `hvdcompatrun -np 3 --min-np 2 python train.py`; "
-        f"see the README's Elastic training section), or leave out {', '.join(settings)} to run "
-        f"a fixed-size job of num_proc ranks.")
+    tokens = []
+    for param, flag in (("min_num_proc", "--min-np"), ("max_num_proc", "--max-np"),
+                        ("slots", "--slots-per-host"), ("reset_limit", "--reset-limit"),
+                        ("elastic_timeout", "--elastic-timeout")):
+        value = settings.get(param)
+        if value is None:
+            continue
+        low = 0 if param in ("reset_limit", "elastic_timeout") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"hvdcompat.run: {param} must be a whole number >= {low}, got "
+                             f"{value!r}")
+        tokens.append(f"{flag}={value}")
+    cooldown = settings.get("cooldown_range")
+    if cooldown is not None:
+        try:
+            low, high = cooldown
+        except (TypeError, ValueError):
+            low = high = None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) \
+                or not 0 <= low <= high:
+            raise ValueError(f"hvdcompat.run: cooldown_range must be a pair (MIN, MAX) of whole "
+                             f"seconds with 0 <= MIN <= MAX, got {cooldown!r}")
+        tokens += ["--blacklist-cooldown-range", str(low), str(high)]
+    script = settings.get("host_discovery_script")
+    if script is not None:
+        if hosts is not None or hostfile is not None:
+            raise ValueError("hvdcompat.run: host_discovery_script replaces hosts/hostfile "
+                             "(the script's output is the host list); give one of them")
+        tokens.append(f"--host-discovery-script={os.fspath(script)}")
+    return tokens
 
 
 def _start_timeout(start_timeout):
@@ -186,6 +210,17 @@ def _host_list(hosts, hostfile):
     return []
 
 
+def _discovered_hosts(options):
+    """The hosts the discovery script offers now (for the addresses the ranks call back on)."""
+    from hvdcompat.runner import elastic as _elastic
+    from hvdcompat.runner import hosts as _hosts
+
+    try:
+        return _elastic.discover(options.host_discovery_script, options.slots_per_host)
+    except _hosts.HostListError as e:
+        raise ValueError(f"hvdcompat.run: {e}") from None
+
+
 def _driver_addresses(host_list):
     """(address to listen on, addresses the ranks try) for this host list."""
     from hvdcompat.runner.hosts import all_local, is_local_host
@@ -204,7 +239,7 @@ def _driver_addresses(host_list):
 
 def _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra):
     """hvdcompatrun option tokens for run()'s parameters (ValueError for one it lacks)."""
-    tokens = ["-np", str(num_proc)]
+    tokens = ["-np", str(num_proc)] if num_proc is not None else []
     if hosts:
         tokens += ["-H", hosts]
     if hostfile:
@@ -320,6 +355,8 @@ def _failure_error(report, failures, num_proc, hosts, results, lost, problems, c
                + (f"; ranks {others} raised too" if others else "")
                + f".\n----- traceback on rank {rank} -----\n{report['traceback'].rstrip()}\n"
                + "----- the other ranks -----\n"
+               + "".join(f"  rank {f['rank']} on {hosts.get(f['rank'], '?')}: raised "
+                         f"{f['type']}: {f['message']}\n" for f in failures if f is not report)
                + _describe_missing(num_proc, hosts, results, lost, problems, code, failed))
     error = RankFailedError(message, rank, report["type"], report["traceback"], failed)
     cause = None
@@ -331,7 +368,7 @@ def _failure_error(report, failures, num_proc, hosts, results, lost, problems, c
     return error, cause
 
 
-def _plan(options, port, addresses, secret, timeout, executable, output_filename):
+def _plan(options, port, addresses, secret, timeout, executable, output_filename, extra_env=None):
     """The mpirun argv and environment that start every rank's run_task."""
     from hvdcompat.runner import launch
 
@@ -340,13 +377,18 @@ def _plan(options, port, addresses, secret, timeout, executable, output_filename
     if _alias_active():
         command.append("--horovod-alias")
     environ = dict(os.environ)
+    environ.update(extra_env or {})
     environ[run_channel.SECRET_ENV] = secret.hex()
     environ["PYTHONPATH"] = _rank_pythonpath(environ)
     try:
         cmd, env = launch.plan_launch(options, command, environ=environ)
     except launch.LaunchError as e:
         raise ValueError(f"hvdcompat.run could not launch the job: {e} (num_proc, hosts and "
-                         "hostfile are hvdcompatrun's -np, -H and --hostfile)") from None
+                         "hostfile are hvdcompatrun's -np, -H and --hostfile; min_num_proc, "
+                         "max_num_proc, slots, reset_limit, cooldown_range, "
+                         "host_discovery_script and elastic_timeout are its --min-np, --max-np, "
+                         "--slots-per-host, --reset-limit, --blacklist-cooldown-range, "
+                         "--host-discovery-script and --elastic-timeout)") from None
     if output_filename is not None:
         # mpirun's own flags end where the rank command starts (behind the
         # launcher's rank supervisor, when it wraps the command).
@@ -357,8 +399,12 @@ def _plan(options, port, addresses, secret, timeout, executable, output_filename
     return cmd, env
 
 
-def _collect(proc, job, num_proc, start_timeout):
-    """Waits for the job; returns mpirun's exit code (None when it had to be stopped)."""
+def _collect(proc, job, num_proc, start_timeout, elastic=False):
+    """Waits for the job; returns mpirun's exit code (None when it had to be stopped).
+
+    In an elastic job a rank's exception does not end the job (the others
+    continue without it), so nothing is stopped after one.
+    """
     start_deadline = time.monotonic() + start_timeout
     failed_at = None
     while True:
@@ -368,12 +414,12 @@ def _collect(proc, job, num_proc, start_timeout):
             pass
         hosts, _, failures, _, _ = job.snapshot()
         now = time.monotonic()
-        if failures and failed_at is None:
+        if failures and failed_at is None and not elastic:
             failed_at = now
         if failed_at is not None and now - failed_at > _AFTER_FAILURE_GRACE_S:
             _stop(proc)
             return None
-        if len(hosts) < num_proc and now > start_deadline and failed_at is None:
+        if len(hosts) < num_proc and now > start_deadline and not failures:
             _stop(proc)
             missing = [r for r in range(num_proc) if r not in hosts]
             raise HorovodInternalError(
@@ -383,11 +429,65 @@ def _collect(proc, job, num_proc, start_timeout):
                 "ranks' output, if any, is above.")
 
 
-def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None,
+def _elastic_values(results, failures, num_proc, hosts_of, lost, problems, code):
+    """The final world's return values, by its ranks (raises when it did not finish)."""
+    places = {rank: report.get("final") for rank, report in results.items()}
+    if results and all(p is None for p in places.values()) and len(results) == num_proc:
+        places = {rank: (rank, num_proc) for rank in results}  # no reset was ever needed
+    sizes = {p[1] for p in places.values() if p is not None}
+    final_ranks = sorted(p[0] for p in places.values() if p is not None)
+    if len(sizes) == 1 and None not in places.values() and \
+            final_ranks == list(range(sizes.pop())):
+        by_final = {places[rank][0]: report for rank, report in results.items()}
+        return [by_final[r] for r in range(len(by_final))]
+    if failures:
+        error, cause = _failure_error(failures[0], failures, num_proc, hosts_of, results, lost,
+                                      problems, code)
+        raise error from cause
+    described = ", ".join(f"rank {rank} as {p[0]} of {p[1]}" if p else f"rank {rank} (not in a "
+                          "running job when it returned)" for rank, p in sorted(places.items()))
+    raise HorovodInternalError(
+        f"hvdcompat.run: the elastic job ended without a complete final world: "
+        f"{len(results)} of {num_proc} started rank(s) returned ({described or 'none'}); the "
+        "ranks' output is above.\n"
+        + _describe_missing(num_proc, hosts_of, results, lost, problems, code))
+
+
+def _launch_elastic(options, listener, job, secret, timeout, addresses, executable,
+                    output_filename, verbose):
+    """Runs the job under hvdcompatrun's elastic driver; returns mpirun's exit code."""
+    from hvdcompat.runner.elastic import ElasticDriver
+
+    codes = []
+
+    def plan(extra_env):
+        return _plan(options, listener.port, addresses, secret, timeout, executable,
+                     output_filename, extra_env)
+
+    def launch_ranks(cmd, env):
+        job.num_proc = options.planned_np
+        listener.start()
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            codes.append(_collect(proc, job, job.num_proc, timeout, elastic=True))
+            deadline = time.monotonic() + _DRAIN_S
+            while not job.settled() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            _stop(proc)
+        return 1 if codes[-1] is None else codes[-1]
+
+    options.verbose = bool(verbose)  # the driver prints the mpirun line
+    ElasticDriver.launch(options, plan, launch_ranks)
+    return codes[-1] if codes else None
+
+
+def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
         slots=None, reset_limit=None, cooldown_range=None, hosts=None, hostfile=None,
         start_timeout=None, ssh_port=None, ssh_identity_file=None, disable_cache=None,
         output_filename=None, verbose=None, use_gloo=None, use_mpi=None, mpi_args=None,
-        network_interface=None, executable=None, np=None, min_np=None, max_np=None):
+        network_interface=None, executable=None, np=None, min_np=None, max_np=None, *,
+        host_discovery_script=None, elastic_timeout=None):
     """Runs ``func(*args, **kwargs)`` on every rank of a new job; returns the values.
 
     The job is launched as hvdcompatrun launches one (through mpirun, with the
@@ -395,15 +495,30 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     process's stdout and stderr. ``func`` typically calls ``hvd.init()``;
     every rank runs it, so every rank must reach the same collectives.
 
+    Any elastic parameter makes the job elastic, launched as hvdcompatrun's
+    elastic flags launch one (fault-tolerant MPI; see the README's "Elastic
+    training"): a rank whose training inside ``hvd.elastic.run`` fails
+    leaves the job and the others continue without it. The values returned
+    are then those of the final world, indexed by its ranks.
+
     Args:
         func: the function; it and ``args``/``kwargs`` must be picklable with
             cloudpickle (functions defined in ``__main__``, lambdas and
             closures are; their module-level globals travel with them).
         args: positional arguments for ``func``.
         kwargs: keyword arguments for ``func``.
-        num_proc: number of ranks (hvdcompatrun's ``-np``).
-        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range:
-            elastic jobs only (not available yet: giving any raises).
+        num_proc: number of ranks (hvdcompatrun's ``-np``; default 1, or with
+            ``hosts``/``hostfile``/``host_discovery_script`` in an elastic
+            job, all their slots up to ``max_num_proc``).
+        min_num_proc: elastic: fewest ranks to start with and to continue
+            with after a failure (``--min-np``).
+        max_num_proc: elastic: most ranks to start (``--max-np``).
+        slots: elastic: slots of a discovered host that lists none
+            (``--slots-per-host``).
+        reset_limit: elastic: stop with an error after this many resets
+            (``--reset-limit``).
+        cooldown_range: elastic: ``(MIN, MAX)`` seconds a failed host stays
+            blacklisted (``--blacklist-cooldown-range``).
         hosts: ``"host1:2,host2:4"`` (``-H``); default this machine.
         hostfile: file of ``HOST slots=N`` lines (``--hostfile``).
         start_timeout: seconds every rank has to start and connect back
@@ -425,24 +540,33 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
             ``sys.executable``).
         np, min_np, max_np: deprecated spellings of num_proc, min_num_proc
             and max_num_proc (a DeprecationWarning each).
+        host_discovery_script: elastic, an hvdcompat extension: an executable
+            printing the hosts, one ``host[:slots]`` per line, instead of
+            ``hosts``/``hostfile`` (``--host-discovery-script``).
+        elastic_timeout: elastic, an hvdcompat extension: seconds to wait at
+            the start for ``min_num_proc`` slots from discovery
+            (``--elastic-timeout``, default 600).
 
     Returns:
-        list of the return values, indexed by rank.
+        list of the return values, indexed by rank (of the final world, in
+        an elastic job).
 
     Raises:
         RankFailedError: ``func`` raised on a rank (a HorovodInternalError
             naming the rank, with its traceback; the rank's exception is the
-            ``__cause__``).
+            ``__cause__``); in an elastic job, only when the final world did
+            not return.
         HorovodInternalError: the job failed otherwise (a rank crashed or
             did not start in time; mpirun failed).
         ValueError: a parameter this launcher cannot honour, or a bad host
-            list, or more ranks than the hosts have slots.
+            list, or more ranks than the hosts have slots, or elastic
+            parameters that contradict each other (e.g. ``min_num_proc``
+            above ``num_proc``).
         TypeError: ``func`` is not callable, or it or its arguments cannot
             be pickled.
-        NotImplementedError: an elastic parameter was given.
     """
     if np is not None:
-        num_proc = _deprecated("np", "num_proc", np, num_proc, 1)
+        num_proc = _deprecated("np", "num_proc", np, num_proc, None)
     if min_np is not None:
         min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc, None)
     if max_np is not None:
@@ -458,11 +582,13 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat has no Gloo controller; its "
                          "jobs always run on MPI. Leave use_gloo unset (or pass use_mpi=True).")
     elastic = {name: value for name, value in zip(
-        ELASTIC_PARAMETERS, (min_num_proc, max_num_proc, slots, reset_limit, cooldown_range))
+        ELASTIC_PARAMETERS, (min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
+                             host_discovery_script, elastic_timeout))
         if value is not None}
-    if elastic:
-        return _run_elastic(elastic)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+    if num_proc is None and not (elastic and (hosts or hostfile or host_discovery_script)):
+        num_proc = 1
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int)
+                                 or num_proc < 1):
         raise ValueError(f"hvdcompat.run: num_proc must be a whole number of ranks >= 1, got "
                          f"{num_proc!r}")
     timeout = _start_timeout(start_timeout)
@@ -475,46 +601,61 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     extra = {k: v for k, v in (("ssh_port", ssh_port), ("ssh_identity_file", ssh_identity_file),
                                ("network_interface", network_interface)) if v is not None}
     parser = _launcher_parser()
-    options = parser.parse_args(
-        _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra))
-    bind, addresses = _driver_addresses(_host_list(hosts, hostfile))
+    tokens = _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
+    if elastic:
+        tokens += _elastic_options(elastic, hosts, hostfile)
+    options = parser.parse_args(tokens)
+    if host_discovery_script is not None:
+        host_list = _discovered_hosts(options)
+    else:
+        host_list = _host_list(hosts, hostfile)
+    bind, addresses = _driver_addresses(host_list)
 
-    job = _Job(num_proc, payload)
+    job = _Job(num_proc or 0, payload)
     secret = run_channel.new_secret()
     listener = run_channel.Listener(bind, secret, job.handle)
     proc = None
     try:
-        cmd, env = _plan(options, listener.port, addresses, secret, timeout, executable,
-                         output_filename)
-        if verbose:
-            print("hvdcompat.run: " + shlex.join(cmd), flush=True)
-        listener.start()
-        proc = subprocess.Popen(cmd, env=env)
-        code = _collect(proc, job, num_proc, timeout)
-        deadline = time.monotonic() + _DRAIN_S
-        while not job.settled() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if elastic:
+            code = _launch_elastic(options, listener, job, secret, timeout, addresses,
+                                   executable, output_filename, verbose)
+        else:
+            cmd, env = _plan(options, listener.port, addresses, secret, timeout, executable,
+                             output_filename)
+            if verbose:
+                print("hvdcompat.run: " + shlex.join(cmd), flush=True)
+            listener.start()
+            proc = subprocess.Popen(cmd, env=env)
+            code = _collect(proc, job, num_proc, timeout)
+            deadline = time.monotonic() + _DRAIN_S
+            while not job.settled() and time.monotonic() < deadline:
+                time.sleep(0.05)
     finally:
         if proc is not None:
             _stop(proc)
         listener.stop()
 
+    num_proc = job.num_proc
     hosts_of, results, failures, lost, problems = job.snapshot()
-    if failures:
-        error, cause = _failure_error(failures[0], failures, num_proc, hosts_of, results, lost,
-                                      problems, code)
-        raise error from cause
-    if len(results) < num_proc or code != 0 or problems:
-        raise HorovodInternalError(
-            f"hvdcompat.run: the job ended with {len(results)} of {num_proc} results; the "
-            "ranks' output is above.\n"
-            + _describe_missing(num_proc, hosts_of, results, lost, problems, code))
+    if elastic:
+        reports = _elastic_values(results, failures, num_proc, hosts_of, lost, problems, code)
+    else:
+        if failures:
+            error, cause = _failure_error(failures[0], failures, num_proc, hosts_of, results,
+                                          lost, problems, code)
+            raise error from cause
+        if len(results) < num_proc or code != 0 or problems:
+            raise HorovodInternalError(
+                f"hvdcompat.run: the job ended with {len(results)} of {num_proc} results; the "
+                "ranks' output is above.\n"
+                + _describe_missing(num_proc, hosts_of, results, lost, problems, code))
+        reports = [results[rank] for rank in range(num_proc)]
     values = []
-    for rank in range(num_proc):
+    for index, report in enumerate(reports):
         try:
-            values.append(cloudpickle.loads(results[rank]))
+            values.append(cloudpickle.loads(report["value"]))
         except Exception as e:
             raise HorovodInternalError(
-                f"hvdcompat.run: the return value of rank {rank} cannot be unpickled here "
+                f"hvdcompat.run: the return value of rank {index} cannot be unpickled here "
                 f"({type(e).__name__}: {e}); return types importable in this process") from e
     return values

@@ -65,6 +65,21 @@ def _report_failure(conn, rank, exc):
                "traceback": traceback.format_exc(), "exception": exc_pickle})
 
 
+def _final_place():
+    """[rank, size] in hvdcompat's current world, or None when it is not running here.
+
+    In an elastic job a reset may have renumbered this rank; the driver
+    orders the values of the final world by these ranks.
+    """
+    basics = sys.modules.get("hvdcompat.basics")  # never import torch just to ask
+    try:
+        if basics is not None and basics.is_initialized():
+            return [basics.rank(), basics.size()]
+    except Exception:  # noqa: BLE001 - a broken runtime simply has no place to report
+        pass
+    return None
+
+
 def main(argv=None):
     """Runs this rank's share of the job; returns the exit code."""
     args, hosts, port = _parse(sys.argv[1:] if argv is None else argv)
@@ -95,7 +110,7 @@ def main(argv=None):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    conn.send({"kind": "result", "rank": rank, "value": result})
+    conn.send({"kind": "result", "rank": rank, "value": result, "final": _final_place()})
     conn.close()
     return 0
 

@@ -92,3 +92,27 @@ def test_fewer_survivors_than_min_np_is_a_clear_error(tmp_path):
                                       ["--inject-failure", "1:0:2:sigkill"], tmp_path)
     assert code != 0 and not reports, out
     assert "only 2 rank(s) are left" in out and "fewer than --min-np 3" in out, out
+
+
+# Each rank runs under sh, which prints how the rank's own process exited.
+_EXIT_WRAPPER = ('"$0" tests/scripts/elastic_exit.py "$1" "$2"; c=$?; '
+                 'echo "RANK EXIT world rank $OMPI_COMM_WORLD_RANK: $c"; exit $c')
+
+
+@pytest.mark.parametrize("end, code", [("exit:3", 3), ("raise", 1)])
+def test_survivors_exit_code_after_a_lossy_reset_is_the_jobs(end, code):
+    # World rank 1 fails in hvd.elastic.run; ranks 0 and 2 reset, finish and end by `end`.
+    cmd = [sys.executable, "-m", "hvdcompat.runner.launch", "-np", "3", "--min-np", "2",
+           "sh", "-c", _EXIT_WRAPPER, sys.executable, "1", end]
+    proc = subprocess.run(cmd, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace", timeout=TIMEOUT)
+    out = proc.stdout
+    assert "RANK EXIT world rank 1: 1" in out, out  # the failed rank
+    for first, rank in ((0, 0), (2, 1)):
+        assert f"SURVIVOR world rank {first} is rank {rank} of 2, total 10.0" in out, out
+    # Once one survivor has exited non-zero mpirun may stop the other before it reports.
+    survivors = [line for line in out.splitlines()
+                 if line.startswith(("RANK EXIT world rank 0:", "RANK EXIT world rank 2:"))]
+    assert survivors and all(line.endswith(f": {code}") for line in survivors), out
+    assert proc.returncode == code, out
+    assert f"they exited with {code} (world ranks [0, 2])" in out, out

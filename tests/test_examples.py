@@ -57,6 +57,17 @@ def _efficiency_from_measured_baseline(out):
     assert abs(int(shown.group(2)) - 100 * total / (2 * baseline)) <= 1, out
 
 
+def _fraction_of_ceiling(out):
+    ceiling = float(re.search(r"\| no communication \(ceiling\) \| ([0-9.]+) ±", out).group(1))
+    dist = float(re.search(r"\| DistributedOptimizer \| ([0-9.]+) ± [0-9.]+ \| ([0-9.]+) \|",
+                           out).group(1))
+    shown = float(re.search(r"\| DistributedOptimizer \| [0-9.]+ ± [0-9.]+ \| ([0-9.]+) \|",
+                            out).group(1))
+    assert ceiling > 0 and dist > 0, out
+    # Printed rounded; the script divides the unrounded figures.
+    assert abs(shown - dist / ceiling) <= 0.01 + 0.05 * dist / ceiling, out
+
+
 _BENCH_SHORT = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
                 "--num-iters", "2"]
 
@@ -96,9 +107,10 @@ SHORT_SETTINGS = {
     "pytorch_synthetic_benchmark.py": [
         (["--model", "resnet", "--image-size", "16", "--measure-baseline", *_BENCH_SHORT],
          ["| rank | img/sec", "Total img/sec on 2 rank(s)", _efficiency_from_measured_baseline]),
-        (["--model", "resnet", "--image-size", "16", "--mpi4py-first", *_BENCH_SHORT],
-         ["MPI started by: mpi4py, before hvdcompat", "| rank | img/sec",
-          "Total img/sec on 2 rank(s)"]),
+        (["--model", "resnet", "--image-size", "16", "--mpi4py-first", "--measure-ceiling",
+          "--ceiling-rounds", "1", *_BENCH_SHORT],
+         ["MPI started by: mpi4py, before hvdcompat", "| no communication (ceiling) |",
+          "| DistributedOptimizer |", _fraction_of_ceiling]),
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
          ["Total samples/sec on 2 rank(s)", "Scaling efficiency"]),

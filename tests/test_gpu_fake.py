@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from harness import run_ranks
+from harness import flavor, run_ranks
 
 CHECKS = os.path.join("tests", "gpu_fake", "rank_checks.py")
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
@@ -90,3 +90,25 @@ def test_abort_waits_for_a_launch_in_progress(fake_lib, tmp_path):
 
 def test_nccl_launches_are_serialised_across_process_sets(fake_lib, tmp_path):
     _launch(fake_lib, tmp_path, 3, mode="process_sets", FAKE_NCCL_CALL_US=2000)
+
+
+def test_elastic_reset_keeping_every_rank_makes_new_communicators(fake_lib, tmp_path):
+    _launch(fake_lib, tmp_path, 2, mode="elastic_reset")
+
+
+def test_elastic_reset_after_a_lost_rank_aborts_the_old_communicators(fake_lib, tmp_path):
+    if flavor() == "mpich":
+        pytest.skip("losing a rank needs fault-tolerant MPI (Open MPI 5's ULFM)")
+    nccl_dir = tmp_path / "nccl"
+    nccl_dir.mkdir()
+    env = {"HVDCOMPAT_CUDART_LIB": fake_lib, "HVDCOMPAT_NCCL_LIB": fake_lib,
+           "FAKE_NCCL_DIR": str(nccl_dir), "CHECK_MODE": "elastic_reset", "CHECK_LOSE_RANK": "1"}
+    result = run_ranks(3, [sys.executable, CHECKS], timeout=TIMEOUT, env=env, check=False,
+                       mpi_args=["--with-ft", "ulfm", "--mca", "btl", "tcp,self"],
+                       what="GPU checks (elastic_reset, rank 1 lost)")
+    out = result.output
+    assert not result.timed_out, out
+    assert "rank 1: LEAVING THE JOB" in out, out
+    assert out.count("CHECKS PASSED (elastic_reset)") == 2, out
+    for new_rank, old_rank in ((0, 0), (1, 2)):
+        assert f"rank {new_rank}: old rank {old_rank} of 3, communicator" in out, out

@@ -110,25 +110,85 @@ def test_deprecated_np_warns_and_gloo_is_refused():
         hvd.run(_noop, use_gloo=True, use_mpi=True)
 
 
-@pytest.mark.parametrize("kwargs, shown", [
-    ({"min_num_proc": 2}, "min_num_proc=2"),
-    ({"max_num_proc": 4, "slots": 2}, "max_num_proc=4, slots=2"),
-    ({"reset_limit": 1}, "reset_limit=1"),
-    ({"cooldown_range": (1, 10)}, "cooldown_range=(1, 10)"),
+def _elastic_sum(steps, fail_rank, fail_step):
+    """Sums hvd.size() over `steps` committed steps; world rank `fail_rank` raises at `fail_step`."""
+    hvd.init()
+    first = hvd.rank()
+    state = hvd.elastic.TorchState(step=0, total=0.0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            if first == fail_rank and state.step == fail_step:
+                raise RuntimeError(f"injected failure on rank {first} at step {state.step}")
+            ones = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name=f"step.{state.step}")
+            state.total += ones.item()
+            state.sizes = state.sizes + [hvd.size()]
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return {"first_rank": first, "rank": hvd.rank(), "size": hvd.size(), "total": state.total,
+            "sizes": state.sizes}
+
+
+def test_elastic_run_returns_the_survivors_values_after_a_rank_fails(deadline, root_ok):
+    steps, fail_step = 5, 2
+    values = hvd.run(_elastic_sum, args=(steps, 1, fail_step), num_proc=3, min_num_proc=2,
+                     reset_limit=1, start_timeout=START)
+    # World rank 1 left; 0 and 2 are the final world's ranks 0 and 1, in that order.
+    sizes = [3] * fail_step + [2] * (steps - fail_step)
+    assert values == [{"first_rank": first, "rank": rank, "size": 2, "total": float(sum(sizes)),
+                       "sizes": sizes} for rank, first in enumerate((0, 2))]
+
+
+def test_elastic_run_that_cannot_continue_raises_the_ranks_error(deadline, root_ok):
+    # min_num_proc 3: after losing a rank the survivors cannot go on.
+    with pytest.raises(RankFailedError) as info:
+        hvd.run(_elastic_sum, args=(4, 1, 1), num_proc=3, min_num_proc=3, start_timeout=START)
+    text = str(info.value)
+    assert "injected failure on rank 1 at step 1" in text, text
+    assert "fewer than --min-np 3" in text, text
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_proc": 2, "min_num_proc": 3}, "-np 2 is below --min-np 3"),
+    ({"num_proc": 4, "max_num_proc": 2}, "-np 4 is above --max-np 2"),
+    ({"num_proc": 2, "min_num_proc": 3, "max_num_proc": 2}, "--min-np 3 is above --max-np 2"),
+    ({"num_proc": 2, "min_num_proc": 0}, "min_num_proc must be a whole number >= 1, got 0"),
+    ({"num_proc": 2, "slots": "4"}, "slots must be a whole number >= 1, got '4'"),
+    ({"num_proc": 2, "reset_limit": -1}, "reset_limit must be a whole number >= 0"),
+    ({"num_proc": 2, "cooldown_range": (10, 1)}, r"cooldown_range must be a pair \(MIN, MAX\)"),
+    ({"num_proc": 2, "cooldown_range": 5}, r"cooldown_range must be a pair"),
+    ({"hosts": "localhost:2", "host_discovery_script": "/bin/true"},
+     "host_discovery_script replaces hosts/hostfile"),
 ])
-def test_elastic_parameters_raise_only_when_given(kwargs, shown):
-    with pytest.raises(NotImplementedError, match="elastic jobs cannot be started through hvdcompat.run") as info:
-        hvd.run(_noop, num_proc=2, **kwargs)
-    assert shown in str(info.value)
+def test_bad_elastic_parameters_fail_before_launching(kwargs, message, root_ok):
+    with pytest.raises(ValueError, match=message):
+        hvd.run(_noop, **kwargs)
 
 
-def test_deprecated_min_np_and_max_np_map_to_the_elastic_parameters():
+def test_elastic_parameters_become_hvdcompatrun_elastic_flags(tmp_path):
+    script = tmp_path / "discover.sh"
+    parser = run_func._launcher_parser()
+    tokens = run_func._launcher_options(parser, None, None, None, None, None, {}) + \
+        run_func._elastic_options({"min_num_proc": 2, "max_num_proc": 4, "slots": 2,
+                                   "reset_limit": 3, "cooldown_range": (1, 9),
+                                   "host_discovery_script": script, "elastic_timeout": 30},
+                                  None, None)
+    options = parser.parse_args(tokens)
+    assert (options.num_proc, options.min_np, options.max_np, options.slots_per_host,
+            options.reset_limit, options.blacklist_cooldown_range, options.host_discovery_script,
+            options.elastic_timeout) == (None, 2, 4, 2, 3, [1, 9], str(script), 30)
+
+
+def test_deprecated_min_np_and_max_np_map_to_the_elastic_parameters(root_ok):
     with pytest.warns(DeprecationWarning, match="min_np= is deprecated"):
-        with pytest.raises(NotImplementedError, match=r"min_num_proc=2\b"):
+        with pytest.raises(ValueError, match="-np 1 is below --min-np 2"):
             hvd.run(_noop, min_np=2)
     with pytest.warns(DeprecationWarning, match="max_np= is deprecated"):
-        with pytest.raises(NotImplementedError, match=r"max_num_proc=8\b"):
-            hvd.run(_noop, max_np=8)
+        with pytest.raises(ValueError, match="-np 9 is above --max-np 8"):
+            hvd.run(_noop, num_proc=9, max_np=8)
 
 
 def test_caller_mistakes_fail_before_launching(tmp_path):

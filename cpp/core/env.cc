@@ -1,5 +1,8 @@
 #include "core/env.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -85,6 +88,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Directory of the elastic driver's host notices and the ranks' completion marks."},
       {Knob::kElasticHost, "ELASTIC_HOST", false, "", "name",
        "This rank's host name as host discovery lists it (default: the machine's name)."},
+      {Knob::kThreadAffinity, "THREAD_AFFINITY", true, "", "cores",
+       "Comma-separated cores, one per local rank: local rank i's engine threads run on the "
+       "i-th (empty: not pinned)."},
   };
   return knobs;
 }
@@ -192,6 +198,27 @@ Config Config::FromEnvironment() {
   c.autotune_steps_per_sample = KnobInt(Knob::kAutotuneStepsPerSample);
   c.autotune_bayes_opt_max_samples = KnobInt(Knob::kAutotuneBayesOptMaxSamples);
   c.autotune_gaussian_process_noise = KnobDouble(Knob::kAutotuneGaussianProcessNoise);
+  {
+    std::string source;
+    std::string list = KnobString(Knob::kThreadAffinity, &source);
+    size_t start = 0;
+    while (list.find_first_not_of(" \t") != std::string::npos && start <= list.size()) {
+      size_t comma = list.find(',', start);
+      std::string item = list.substr(start, comma == std::string::npos ? std::string::npos
+                                                                        : comma - start);
+      size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+      item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+      char* end = nullptr;
+      long core = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || core < 0 || core >= CPU_SETSIZE) {
+        BadValue(Knob::kThreadAffinity, list, source,
+                 "comma-separated core numbers, one per local rank, e.g. 0,1,2,3");
+      }
+      c.thread_affinity.push_back(static_cast<int>(core));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
   // Checked here, on every rank alike, so a bad value fails every rank's init.
   for (Knob k : {Knob::kAutotuneStepsPerSample, Knob::kAutotuneBayesOptMaxSamples}) {
     if (KnobInt(k) < 1) {
@@ -201,6 +228,46 @@ Config Config::FromEnvironment() {
     }
   }
   return c;
+}
+
+}  // namespace hvdcompat
+
+namespace hvdcompat {
+
+int WorkerCoreFor(const std::vector<int>& thread_affinity, int local_rank, int local_size) {
+  if (thread_affinity.empty()) return -1;
+  std::string source;
+  std::string list = KnobString(Knob::kThreadAffinity, &source);
+  // More cores than local ranks is fine: after an elastic reset a host may run fewer.
+  if (static_cast<int>(thread_affinity.size()) < local_size) {
+    throw InvalidArgument(
+        "hvd.init(): " + source + "=" + list + " lists " + std::to_string(thread_affinity.size()) +
+        " core(s) but this host runs " + std::to_string(local_size) +
+        " rank(s); give one core per local rank (local rank i's engine threads run on the i-th), "
+        "or unset it.");
+  }
+  int core = thread_affinity[local_rank];
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && !CPU_ISSET(core, &allowed)) {
+    std::string cores;
+    for (int i = 0; i < CPU_SETSIZE; ++i) {
+      if (CPU_ISSET(i, &allowed)) cores += (cores.empty() ? "" : ",") + std::to_string(i);
+    }
+    throw InvalidArgument("hvd.init(): " + source + "=" + list + " gives local rank " +
+                          std::to_string(local_rank) + " core " + std::to_string(core) +
+                          ", which this process may not run on (allowed: " + cores +
+                          "); choose cores from that set.");
+  }
+  return core;
+}
+
+bool PinCurrentThread(int core) {
+  if (core < 0) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
 }
 
 }  // namespace hvdcompat

@@ -46,6 +46,7 @@ enum class Knob : int {
   kElasticResetLimit,
   kElasticDir,
   kElasticHost,
+  kThreadAffinity,
   kCount,
 };
 
@@ -98,11 +99,25 @@ struct Config {
   int64_t autotune_steps_per_sample;   // steps per sample
   int64_t autotune_bayes_opt_max_samples;  // configurations the search scores
   double autotune_gaussian_process_noise;  // surrogate model's noise, in score sds
+  // HOROVOD_THREAD_AFFINITY: one core per local rank (empty: not pinned).
+  std::vector<int> thread_affinity;
+  // Not a knob: the core this rank's engine threads run on (-1: anywhere),
+  // chosen from thread_affinity once the local rank is known.
+  int worker_core = -1;
   // Not a knob: each rank's host name (index: rank in the job), filled once the
   // MPI world is known, so failures can say where a lost rank ran.
   std::vector<std::string> rank_hosts;
 
   static Config FromEnvironment();
 };
+
+// The core of `thread_affinity` for `local_rank` (-1 when the list is
+// empty). Throws InvalidArgument, naming the variable and what to set, when
+// the list has fewer cores than local ranks or names a core this process may
+// not run on.
+int WorkerCoreFor(const std::vector<int>& thread_affinity, int local_rank, int local_size);
+
+// Pins the calling thread to `core` (no-op for -1); false when the OS refused.
+bool PinCurrentThread(int core);
 
 }  // namespace hvdcompat

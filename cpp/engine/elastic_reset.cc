@@ -75,7 +75,12 @@ ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old) {
     if (id == 0) continue;
     if (auto info = old->GetProcessSet(id)) old_sets.emplace_back(id, info->ranks);
   }
-  old->Stop();  // step 1
+  // Step 1. Device communicators first: ncclCommDestroy (and draining work
+  // queued on them) may wait forever on a dead peer, ncclCommAbort does not;
+  // the new runtime makes new ones, with a new unique id, at its first GPU
+  // collective.
+  old->Abandon("the job is being rebuilt from the surviving ranks (elastic reset)");
+  old->Stop();
 
   ResetResult result;
   // Without ULFM enabled no rank can be lost without the launcher ending the

@@ -22,8 +22,10 @@ namespace hvdcompat {
 // pending and later calls on it fail too and every survivor sees
 // HorovodInternalError. hvd.elastic.run then calls the reset on every
 // survivor:
-//  1. Stop the old runtime: every worker fails what is still pending and its
-//     thread exits (calls on revoked communicators return at once).
+//  1. Stop the old runtime: its NCCL communicators are aborted
+//     (ncclCommAbort: destroying them could wait on a dead peer), every
+//     worker fails what is still pending and its thread exits (calls on
+//     revoked communicators return at once).
 //  2. MPIX_Comm_shrink the old world communicator: an agreement among the
 //     survivors on who is left. The new communicator keeps the survivors'
 //     relative order, so the oldest survivor becomes rank 0.

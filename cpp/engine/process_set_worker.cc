@@ -117,7 +117,13 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
   }
   // While waiting for peers, keep stall reports flowing (runs on this thread).
   poller_.set_tick([this](double) { InspectStalls(Clock::now()); });
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    if (!PinCurrentThread(config_.worker_core)) {
+      HVD_LOG(kWarning) << "could not pin the engine thread of process set " << id_ << " to core "
+                  << config_.worker_core << " (HOROVOD_THREAD_AFFINITY); it runs unpinned";
+    }
+    Loop();
+  });
 }
 
 ProcessSetWorker::~ProcessSetWorker() {
@@ -127,6 +133,11 @@ ProcessSetWorker::~ProcessSetWorker() {
   // An abandoned negotiation may still progress on comm_ (Note [Abandoned
   // requests]): freeing it would pull it from under MPI. Leave it allocated.
   if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned()) MPI_Comm_free(&comm_);
+}
+
+void ProcessSetWorker::Abandon(const std::string& why) {
+  // backends_ is fixed once constructed; each backend's Abandon is thread-safe.
+  for (auto& b : backends_) b->Abandon(why);
 }
 
 void ProcessSetWorker::Enqueue(std::unique_ptr<TensorEntry> entry) {

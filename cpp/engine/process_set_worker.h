@@ -61,6 +61,9 @@ class ProcessSetWorker {
   // whatever is still pending, and joins the thread. Idempotent.
   void Shutdown();
 
+  // Backend::Abandon on every backend (an elastic reset; any thread).
+  void Abandon(const std::string& why);
+
  private:
   void Loop();
   void Execute(std::vector<Response> responses);

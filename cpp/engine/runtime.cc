@@ -36,6 +36,8 @@ Runtime::Runtime(const InitOptions& options)
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());
   config_.rank_hosts = mpi_->hosts();
+  config_.worker_core =
+      WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
   if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }
@@ -68,6 +70,15 @@ void Runtime::Stop() {
   for (auto it = workers.rbegin(); it != workers.rend(); ++it) it->second->Shutdown();
   workers.clear();
   timeline_.Stop();
+}
+
+void Runtime::Abandon(const std::string& why) {
+  std::vector<std::shared_ptr<ProcessSetWorker>> workers;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    for (auto& [id, w] : workers_) workers.push_back(w);
+  }
+  for (auto& w : workers) w->Abandon(why);
 }
 
 void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {

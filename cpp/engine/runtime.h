@@ -63,6 +63,9 @@ class Runtime {
   // Shuts every process set down (pending ops fail, waiters wake up).
   // Idempotent; the object stays valid for threads still holding it.
   void Stop();
+  // Before a Stop for an elastic reset: aborts what waits on peers that may
+  // be dead (NCCL communicators), in every process set. Any thread.
+  void Abandon(const std::string& why);
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 

@@ -97,14 +97,22 @@ std::string NcclComm::ErrorIfAborted() {
   return abort_requested_ ? error_ : std::string();
 }
 
-void NcclComm::Abort(const std::string& why) {
+void NcclComm::Abort(const std::string& why) { AbortAs(why, false); }
+
+void NcclComm::Release(const std::string& why) { AbortAs(why, true); }
+
+void NcclComm::AbortAs(const std::string& why, bool expected) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (abort_requested_) return;
     abort_requested_ = true;
     error_ = why + "; the " + what_ + " was aborted";
   }
-  HVD_LOG(kError) << why << "; aborting the " << what_;
+  if (expected) {
+    HVD_LOG(kInfo) << why << "; aborting the " << what_;
+  } else {
+    HVD_LOG(kError) << why << "; aborting the " << what_;
+  }
   // No call on any communicator of this device may overlap the abort.
   std::unique_lock<std::timed_mutex> device(DeviceLaunchMutex(device_), std::defer_lock);
   if (!device.try_lock_for(std::chrono::seconds(kAbortGraceSeconds))) {

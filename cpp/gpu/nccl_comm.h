@@ -70,11 +70,18 @@ class NcclComm : public AsyncErrorSource {
   std::string PollAndAbortOnError() override;
   // Aborts once (later calls return at once); see the note for the order.
   void Abort(const std::string& why) override;
+  // The same abort when the job is rebuilt without some peers (an elastic
+  // reset): ncclCommAbort, which frees the communicator without waiting on
+  // peers, where ncclCommDestroy may wait forever on a dead one. Logged as
+  // the expected step it is, not as an error.
+  void Release(const std::string& why);
   std::string ErrorIfAborted() override;
 
  private:
   // Caller holds mu_ and no launch on this communicator is in progress.
   void AbortNowLocked();
+  // `expected`: a reset, logged as info; otherwise a failure, logged as an error.
+  void AbortAs(const std::string& why, bool expected);
 
   const std::string what_;
   const int device_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "core/tuned_params.h"
@@ -46,6 +47,12 @@ class CollectiveBackend {
   // True where this backend can switch hierarchical allreduce/allgather at
   // such a point: only then does the autotuner try the flags.
   virtual bool TunesHierarchical() const { return false; }
+  // The job this backend serves is being rebuilt from the survivors of a
+  // failure (Note [Elastic reset], engine/elastic_reset.h): peers may be dead,
+  // so whatever the backend holds that waits on them (device communicators)
+  // is aborted now rather than destroyed later. Any thread, any time, once;
+  // collectives that meet the aborted state fail.
+  virtual void Abandon(const std::string& why) {}
 
  protected:
   bool recording() const { return activity_ && activity_->enabled(); }

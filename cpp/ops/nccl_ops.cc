@@ -51,9 +51,15 @@ NcclBackend::~NcclBackend() {
         try {
           DrainStream(events_, lane->stream, lane->sources, "NCCL lane shutdown");
         } catch (const std::exception& e) {
-          HVD_LOG(kWarning) << "GPU work still in flight at shutdown failed: " << e.what();
+          // After Abandon the aborted communicators fail what was queued on them.
+          if (abandoned_) {
+            HVD_LOG(kDebug) << "GPU work queued before the reset was dropped: " << e.what();
+          } else {
+            HVD_LOG(kWarning) << "GPU work still in flight at shutdown failed: " << e.what();
+          }
         }
       }
+      std::lock_guard<std::mutex> lock(lanes_mu_);
       for (auto& lane : lanes_) {
         lane->comm.reset();
         lane->local.reset();
@@ -117,16 +123,24 @@ void NcclBackend::Setup() {
 
   try {
     for (int64_t i = 0; i < config_.num_nccl_streams; ++i) {
-      lanes_.push_back(std::make_unique<Lane>());
-      Lane& lane = *lanes_.back();
-      lane.stream = CreateEngineStream();
-      lane.life = std::make_shared<StreamLife>(lane.stream);
-      lane.comm = std::make_shared<NcclComm>(
+      auto made = std::make_unique<Lane>();
+      made->stream = CreateEngineStream();
+      made->life = std::make_shared<StreamLife>(made->stream);
+      Lane& lane = *made;
+      {
+        std::lock_guard<std::mutex> lock(lanes_mu_);
+        lanes_.push_back(std::move(made));
+      }
+      auto comm = std::make_shared<NcclComm>(
           comm_, device_, "NCCL communicator " + std::to_string(i) + " of this process set");
+      std::lock_guard<std::mutex> lock(lanes_mu_);
+      lane.comm = comm;
       lane.sources.push_back(lane.comm);
+      if (abandoned_) comm->Release("the job is being rebuilt (elastic reset)");
     }
     if (config_.hierarchical_allreduce) SetupHierarchy();
   } catch (...) {
+    std::lock_guard<std::mutex> lock(lanes_mu_);
     for (auto& lane : lanes_) {
       lane->sources.clear();
       lane->comm.reset();
@@ -144,6 +158,22 @@ void NcclBackend::Setup() {
   HVD_LOG(kDebug) << "NCCL " << NcclVersionString(version_) << " on cuda:" << device_ << ", "
                   << lanes_.size() << " lane(s)" << (hierarchical_ ? ", hierarchical" : "");
   ready_ = true;
+}
+
+void NcclBackend::Abandon(const std::string& why) {
+  std::vector<std::shared_ptr<NcclComm>> comms;
+  {
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    if (abandoned_) return;
+    abandoned_ = true;
+    for (auto& lane : lanes_) {
+      for (auto* c : {&lane->comm, &lane->local, &lane->cross}) {
+        if (*c) comms.push_back(*c);
+      }
+    }
+  }
+  // Not under lanes_mu_: an abort may wait for a launch in progress.
+  for (auto& c : comms) c->Release(why);
 }
 
 void NcclBackend::SplitNodes() {
@@ -176,12 +206,19 @@ void NcclBackend::SetupHierarchy() {
   }
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
-    lane.local = std::make_shared<NcclComm>(local_mpi_, device_,
+    auto local = std::make_shared<NcclComm>(local_mpi_, device_,
                                             "node-local NCCL communicator " + std::to_string(i));
-    lane.cross = std::make_shared<NcclComm>(cross_mpi_, device_,
+    auto cross = std::make_shared<NcclComm>(cross_mpi_, device_,
                                             "cross-node NCCL communicator " + std::to_string(i));
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    lane.local = local;
+    lane.cross = cross;
     lane.sources.push_back(lane.local);
     lane.sources.push_back(lane.cross);
+    if (abandoned_) {
+      local->Release("the job is being rebuilt (elastic reset)");
+      cross->Release("the job is being rebuilt (elastic reset)");
+    }
   }
 }
 

@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/env.h"
@@ -71,6 +73,9 @@ class NcclBackend : public CollectiveBackend {
 
   const char* name() const override { return "NCCL"; }
   bool CanExecute(const Response& r) const override { return r.device != kCpuDevice; }
+  // Aborts every lane's communicators (ncclCommAbort; Note [Elastic reset]).
+  // Any thread; a launch in progress finishes first (NcclComm::Abort).
+  void Abandon(const std::string& why) override;
   // Issues the collective on a lane and attaches a completion to every
   // entry's result; does not wait for the device.
   void Execute(const Response& r, std::vector<ExecUnit>& units) override;
@@ -120,6 +125,11 @@ class NcclBackend : public CollectiveBackend {
   bool has_premul_ = false;
   std::shared_ptr<EventPool> events_;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  // Guards lanes_'s membership and each lane's communicator pointers against
+  // Abandon from another thread; the worker reads them without it (it is
+  // the only writer).
+  std::mutex lanes_mu_;
+  bool abandoned_ = false;  // guarded by lanes_mu_
   size_t next_lane_ = 0;
   std::unique_ptr<CompletionWatchdog> watchdog_;  // with HOROVOD_ENABLE_ASYNC_COMPLETION
 

@@ -6,7 +6,7 @@ last commit and continues with the survivors in place (Open MPI's ULFM, under
 """
 
 from hvdcompat.elastic.common import HostUpdateResult, ObjectState, State
-from hvdcompat.elastic.loop import last_reset_seconds, reset, run, run_fn
+from hvdcompat.elastic.loop import last_reset_seconds, last_restart, reset, run, run_fn
 from hvdcompat.elastic.sampler import ElasticSampler
 from hvdcompat.elastic.state import (
     ModelStateHandler, OptimizerStateHandler, SamplerStateHandler, StateHandler, TorchState,
@@ -14,7 +14,7 @@ from hvdcompat.elastic.state import (
 )
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-__all__ = ["run", "run_fn", "reset", "last_reset_seconds", "State", "ObjectState", "TorchState", "ElasticSampler",
+__all__ = ["run", "run_fn", "reset", "last_reset_seconds", "last_restart", "State", "ObjectState", "TorchState", "ElasticSampler",
            "StateHandler", "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler",
            "get_handler_registry", "set_handler_registry", "HostUpdateResult",
            "HorovodInternalError", "HostsUpdatedInterrupt"]

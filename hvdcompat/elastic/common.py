@@ -32,6 +32,7 @@ class State:
         self._rank = get_rank
         self._host_messages = queue.Queue()
         self._last_updated_timestamp = 0
+        self._host_update = HostUpdateResult.no_update  # what the last interrupt was for
         self._reset_callbacks = []
 
     def register_reset_callbacks(self, callbacks):
@@ -93,11 +94,31 @@ class State:
         prev, self._last_updated_timestamp, update = self._bcast_object(
             (prev, last, int(update)))
         if self._last_updated_timestamp > prev:
+            self._host_update = HostUpdateResult(update)
             raise HostsUpdatedInterrupt(update == HostUpdateResult.removed)
 
     def save(self):
         """Saves the state in host memory."""
         raise NotImplementedError()
+
+    def saved_values(self):
+        """The last saved values, picklable, for a restart of the job on other hosts.
+
+        When hosts are added, ``hvd.elastic.run`` writes this (with
+        ``torch.save``) on rank 0, the launcher starts the job again on the
+        new hosts, and rank 0 reads it back (:meth:`load_saved_values`)
+        before the first sync.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot be carried over a restart of the job (hosts were "
+            "added): define saved_values() and load_saved_values(), or use ObjectState/"
+            "TorchState")
+
+    def load_saved_values(self, values):
+        """Makes `values` (from :meth:`saved_values`) the saved and the current state."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot be carried over a restart of the job (hosts were "
+            "added): define saved_values() and load_saved_values()")
 
     def restore(self):
         """Returns to the last saved state, undoing later changes."""
@@ -132,6 +153,13 @@ class ObjectState(State):
 
     def restore(self):
         self._set_attrs()
+
+    def saved_values(self):
+        return {"objects": dict(self._saved_state)}
+
+    def load_saved_values(self, values):
+        self._saved_state = dict(values["objects"])
+        self.restore()
 
     def sync(self):
         if self._saved_state:

@@ -3,11 +3,35 @@
 import functools
 import os
 import sys
+import time
 
 from hvdcompat import _session, basics
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-__all__ = ["run", "run_fn", "reset", "last_reset_seconds"]
+__all__ = ["run", "run_fn", "reset", "last_reset_seconds", "last_restart",
+           "RESTART_EXIT_CODE"]
+
+# Every rank exits with this code when the job restarts on a new set of hosts
+# (Note [Growing by restart]); hvdcompatrun's elastic driver relaunches it.
+RESTART_EXIT_CODE = 75
+RESTART_STATE = "restart.pt"  # in HVDCOMPAT_ELASTIC_DIR, written by rank 0
+RESTART_MARK = "restart"      # written by rank 0 once RESTART_STATE is complete
+LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a shrink
+
+# Note [Growing by restart]: when hosts are added, commit() raises
+# HostsUpdatedInterrupt on every rank with the "added" bit set. Rank 0 writes
+# the last saved state (State.saved_values) and the loop's reset count to
+# RESTART_STATE, every rank leaves with RESTART_EXIT_CODE, and the launcher
+# starts the job again with the surviving hosts first, then the new ones; so
+# the new rank 0 runs where the old one did and reads the file back before the
+# first sync broadcasts it. Growing in place (MPI_Comm_spawn + merge) was
+# measured under ULFM on Open MPI 5.0: the merge waited ~10 s for the child's
+# imports and MPI_Finalize then crashed or hung; a restart costs one mpirun
+# start and the imports, and leaves no spawned communicator behind.
+
+# How this launch began when it restarted the job on new hosts (Note [Growing
+# by restart]): set once at the start of the elastic loop, for the process.
+_last_restart = [None]
 
 
 def last_reset_seconds():
@@ -42,8 +66,96 @@ def _leave_if_host_removed():
         os._exit(0)  # as a lost rank: no shutdown, no MPI_Finalize
 
 
+def last_restart():
+    """How this launch began when it restarted the job on new hosts, else None; an extension.
+
+    A dict with ``hosts_updated_at`` (time.time() of the launcher's notice
+    that hosts were added), ``saved_at`` (when rank 0 wrote the state) and
+    ``resets`` (resets so far, the restart included); the same on every rank.
+    """
+    return _last_restart[0]
+
+
+def _elastic_dir():
+    return basics._core.knob("ELASTIC_DIR") or None
+
+
+def _restore_after_restart(state):
+    """At the start of an elastic launch: rank 0 reads the state the last launch left, if any.
+
+    Every rank of an elastic launch takes part (one broadcast), whether or
+    not this launch is a restart. Returns the restart's dict or None.
+    """
+    from hvdcompat.functions import broadcast_object
+
+    directory = _elastic_dir()
+    if not directory:
+        return None
+    meta = None
+    path = os.path.join(directory, RESTART_STATE)
+    if basics.rank() == 0 and os.path.exists(path):
+        import torch
+
+        payload = torch.load(path, weights_only=False)
+        state.load_saved_values(payload["state"])
+        meta = payload["meta"]
+    meta = broadcast_object(meta, root_rank=0, name="elastic.restart")
+    _last_restart[0] = meta
+    return meta
+
+
+def _restart_for_new_hosts(state, resets):
+    """Rank 0 writes the saved state for the next launch; then every rank exits to be relaunched."""
+    import torch
+
+    from hvdcompat.ops import allreduce
+
+    directory = _elastic_dir()
+    if basics.rank() == 0:
+        meta = {"resets": resets, "hosts_updated_at": state._last_updated_timestamp,
+                "saved_at": time.time(), "size": basics.size()}
+        path = os.path.join(directory, RESTART_STATE)
+        torch.save({"state": state.saved_values(), "meta": meta}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        with open(os.path.join(directory, RESTART_MARK + ".tmp"), "w") as f:
+            f.write(f"{meta['saved_at']:.6f}\n")
+        os.replace(os.path.join(directory, RESTART_MARK + ".tmp"),
+                   os.path.join(directory, RESTART_MARK))
+        print(f"hvdcompat: hosts were added; the job restarts from the last commit on "
+              f"{basics.size()} rank(s) plus the new hosts' (state in {path})", flush=True)
+    try:
+        # Nobody leaves before rank 0's file is complete.
+        allreduce(torch.zeros(1), name="elastic.restart")
+    except HorovodInternalError:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RESTART_EXIT_CODE)  # as a lost rank: no MPI_Finalize (the launcher relaunches)
+
+
+def _report_lost(world, survivors):
+    """Rank 0 names the lost ranks (ranks of this launch) for the launcher's blacklist."""
+    lost = [r for i, r in enumerate(world) if i not in set(survivors)]
+    directory = _elastic_dir()
+    if lost and directory and basics.rank() == 0:
+        with open(os.path.join(directory, LOST_RANKS), "a") as f:
+            f.write(f"{time.time():.6f} {','.join(map(str, lost))}\n")
+    return [world[i] for i in survivors]
+
+
 def _mark_finished():
-    """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world)."""
+    """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world).
+
+    Under ULFM the process then ends without MPI_Finalize (as after a
+    shrink): with Open MPI 5.0's failure detector on, MPI_Finalize of a job
+    spread over several hosts spins in ompi_comm_failure_detector_finalize
+    and never returns.
+    """
+    try:
+        if basics._core.is_initialized() and basics._core.fault_tolerance_enabled():
+            basics._skip_finalize_at_exit()
+    except Exception:  # noqa: BLE001 - not initialised: nothing to skip
+        pass
     directory = basics._core.knob("ELASTIC_DIR")
     if directory:
         with open(os.path.join(directory, f"finished.{basics.rank()}"), "w") as f:
@@ -89,19 +201,32 @@ def run_fn(func, reset_fn):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        from hvdcompat.elastic.common import HostUpdateResult
+
         limit = _knob_int("ELASTIC_RESET_LIMIT")
         resets = 0
         skip_sync = False
         reset_required = False
+        grow = False
+        # This launch's ranks, in current-rank order (the lost ones are reported).
+        world = list(range(basics.size())) if basics._core.is_initialized() else []
         try:
+            restarted = _restore_after_restart(state)
+            if restarted:
+                resets = restarted["resets"]
             while True:
                 if reset_required:
                     resets += 1
                     if limit is not None and resets > limit:
                         raise HorovodInternalError(
                             f"elastic training reached the reset limit (--reset-limit {limit}) "
-                            "and stops; raise the limit or look at why ranks keep failing.")
-                    reset_fn()
+                            f"after {resets - 1} reset(s) and stops; raise the limit or look at "
+                            "why ranks keep failing.")
+                    if grow:
+                        _restart_for_new_hosts(state, resets)
+                    survivors = reset_fn()
+                    if isinstance(survivors, list) and world:
+                        world = _report_lost(world, survivors)
                     state.on_reset()
                 try:
                     if reset_required:
@@ -110,6 +235,7 @@ def run_fn(func, reset_fn):
                         skip_sync = _agree_on_skip_sync(skip_sync)
                     if not skip_sync:
                         state.sync()
+                    grow = False
                     result = func(state, *args, **kwargs)
                     _mark_finished()
                     return result
@@ -118,6 +244,8 @@ def run_fn(func, reset_fn):
                     skip_sync = False
                 except HostsUpdatedInterrupt as e:
                     skip_sync = e.skip_sync
+                    grow = bool(getattr(state, "_host_update", 0) & HostUpdateResult.added) \
+                        and _elastic_dir() is not None
                 reset_required = True
         except Exception:
             # This rank leaves elastic training on an error: it must end as a

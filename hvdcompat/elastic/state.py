@@ -52,6 +52,23 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def saved_values(self):
+        values = super().saved_values()
+        values["handlers"] = {name: h.saved_value() for name, h in self._handlers.items()}
+        return values
+
+    def load_saved_values(self, values):
+        missing = sorted(set(self._handlers) - set(values.get("handlers", {})))
+        if missing:
+            raise ValueError(f"elastic restart: the saved state has no value for {missing}; "
+                             "the training script must build the same TorchState on every "
+                             "launch")
+        for name, handler in self._handlers.items():
+            handler.load_saved_value(values["handlers"][name])
+        super().load_saved_values(values)
+        for handler in self._handlers.values():
+            handler.restore()
+
     def on_reset(self):
         # The world may have changed size: handlers whose value depends on it
         # (the sampler's partition) adapt before the callbacks run, also when
@@ -91,6 +108,23 @@ class StateHandler:
     def on_reset(self):
         """Called after every reset; nothing by default."""
 
+    def saved_value(self):
+        """The last saved value, picklable (written when the job restarts on new hosts).
+
+        The built-in handlers keep it in ``self._saved``; a handler of its
+        own must keep it there too, or override this and :meth:`load_saved_value`.
+        """
+        if not hasattr(self, "_saved"):
+            raise NotImplementedError(
+                f"{type(self).__name__} keeps no '_saved' value, so its state cannot be carried "
+                "over a restart of the job (hosts were added): define saved_value() and "
+                "load_saved_value()")
+        return self._saved
+
+    def load_saved_value(self, value):
+        """Makes `value` (from :meth:`saved_value`) the saved value; restore() applies it."""
+        self._saved = value
+
     def set_value(self, value):
         """Handles a new object from now on, and saves it."""
         self.value = value
@@ -102,13 +136,13 @@ class ModelStateHandler(StateHandler):
 
     def __init__(self, model):
         super().__init__(model)
-        self._saved_model_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def save(self):
-        self._saved_model_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(self._saved_model_state)
+        self.value.load_state_dict(self._saved)
 
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
@@ -119,13 +153,13 @@ class OptimizerStateHandler(StateHandler):
 
     def __init__(self, optimizer):
         super().__init__(optimizer)
-        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def save(self):
-        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(self._saved_optimizer_state)
+        self.value.load_state_dict(self._saved)
 
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
@@ -136,13 +170,13 @@ class SamplerStateHandler(StateHandler):
 
     def __init__(self, sampler):
         super().__init__(sampler)
-        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def save(self):
-        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
+        self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(self._saved_sampler_state)
+        self.value.load_state_dict(self._saved)
 
     def sync(self):
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))

@@ -14,7 +14,13 @@ import threading
 
 from hvdcompat.runner.rank_supervisor import MARKER
 
-__all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code"]
+# mpirun arguments that change where ranks go; the host list alone then does
+# not say which ranks a lost host ran (expected_placement cannot be used).
+MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
+                "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
+
+__all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code",
+           "final_world_exit"]
 
 _MARKER = MARKER.encode()
 # prterun: "PRTE has lost communication with a remote daemon. ... Remote daemon:
@@ -201,3 +207,38 @@ def summary(code, reports, lost_hosts, placement=None, mpi_aborted=()):
         return (f"hvdcompatrun: lost contact with host {host}{which}: its network link or the "
                 f"host itself failed, and the job was stopped (job exit code {code})")
     return None
+
+
+def final_world_exit(directory):
+    """(exit code, world ranks) of the processes that ended in an elastic job's final world.
+
+    Each such process leaves ``final.<world rank>`` in the elastic driver's
+    ``directory`` at exit and its rank supervisor ``exit.<world rank>`` (how
+    it ended). The code is the first non-zero exit status among them, in
+    rank order; a rank ended by a signal counts only when none has a
+    status (mpirun stops the others once one exits non-zero). None when no
+    process marked itself.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None, []
+    ranks = sorted(int(n.split(".", 1)[1]) for n in names
+                   if n.startswith("final.") and n.split(".", 1)[1].isdigit())
+    if not ranks:
+        return None, []
+    statuses, signals = [], []
+    for rank in ranks:
+        try:
+            with open(os.path.join(directory, f"exit.{rank}")) as f:
+                report = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if report.get("status") is not None:
+            statuses.append(report["status"])
+        elif report.get("signal"):
+            signals.append(128 + report["signal"])
+    code = next((c for c in statuses if c != 0), None)
+    if code is None and not statuses:
+        code = next(iter(signals), None)
+    return code or 0, ranks

@@ -127,10 +127,6 @@ def split_command(parser, argv):
 
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
 SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_supervisor.py")
-# mpirun arguments that change where ranks go; the host list alone then does
-# not say which ranks a lost host ran.
-_MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
-                 "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
 
 
 def _python_script(args):
@@ -240,8 +236,11 @@ def _ssh_and_interfaces(args):
             "network_interfaces": nics}
 
 
-def plan_launch(args, command, environ=None, cwd=None):
+def plan_launch(args, command, environ=None, cwd=None, hosts=None):
     """The mpirun argv and environment for parsed ``args`` and ``command``.
+
+    `hosts` (an elastic relaunch's host list, in order) replaces -H/--hostfile
+    and discovery; the launch then takes all their slots up to --max-np.
 
     Raises:
         LaunchError: with the reason and the fix.
@@ -251,10 +250,12 @@ def plan_launch(args, command, environ=None, cwd=None):
     if not command:
         raise LaunchError("hvdcompatrun: no command given; for example: "
                           "hvdcompatrun -np 2 python train.py")
-    hosts = _hosts_from(args)
-    np = args.num_proc
+    relaunch = hosts is not None
+    hosts = list(hosts) if relaunch else _hosts_from(args)
+    np = min(_hosts.total_slots(hosts), args.max_np or sys.maxsize) if relaunch \
+        else args.num_proc
     elastic = _elastic.elastic_requested(args)
-    if elastic:
+    if elastic and not relaunch:
         try:
             _elastic.check_elastic_args(args, np)
             if args.host_discovery_script:
@@ -324,7 +325,7 @@ def placement_of(args, np_ranks):
         extra = shlex.split(args.mpi_args or "")
     except (LaunchError, ValueError):
         return {}
-    if not hosts or any(a.split("=", 1)[0] in _MAPPING_ARGS for a in extra):
+    if not hosts or any(a.split("=", 1)[0] in _exit_report.MAPPING_ARGS for a in extra):
         return {}
     return _exit_report.expected_placement(hosts, np_ranks)
 
@@ -354,12 +355,17 @@ def _stop(proc):
     return proc.wait()
 
 
-def run(cmd, env, placement=None, np_ranks=0):
+def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
     """Runs ``cmd``, forwarding SIGINT/SIGTERM; returns its exit code.
 
     A rank killed by signal S (mpirun itself dying of S) gives 128 + S, as a
     shell reports it. When the job fails, one line names the rank that failed
     first, its host and how it ended (or the host Open MPI lost contact with).
+
+    Args:
+        abort: polled every second; when it returns True the job is stopped.
+        summarize: called at the end; False skips the failure summary (an
+            elastic restart, where every rank leaves on purpose).
     """
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     relay = _exit_report.OutputRelay([(proc.stdout, sys.stdout.fileno()),
@@ -384,6 +390,9 @@ def run(cmd, env, placement=None, np_ranks=0):
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if abort is not None and abort():
+                code = _stop(proc)
+                break
             if not relay.survivors_done(np_ranks, placement):
                 done_since = None
             elif done_since is None:
@@ -404,7 +413,7 @@ def run(cmd, env, placement=None, np_ranks=0):
                 or (1 if relay.lost_hosts else 0))
     line = _exit_report.summary(code, relay.reports, relay.lost_hosts, placement,
                                 relay.mpi_aborted)
-    if line:
+    if line and (summarize is None or summarize()):
         sys.stdout.flush()
         # Open MPI's last message may end without a newline.
         lead = "\n" if relay.line_open.get(sys.stderr.fileno()) else ""
@@ -433,8 +442,8 @@ def main(argv=None):
             print("hvdcompatrun: " + shlex.join(cmd), flush=True)
         np_ranks = _num_ranks(cmd)
         return run(cmd, env, placement_of(args, np_ranks), np_ranks)
-    return _elastic.ElasticDriver.launch(args, lambda extra: plan_launch(
-        args, command, environ={**os.environ, **extra}), run)
+    return _elastic.ElasticDriver.launch(args, lambda extra, hosts=None: plan_launch(
+        args, command, environ={**os.environ, **extra}, hosts=hosts), run)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ __all__ = ["MARKER", "main"]
 MARKER = "hvdcompatrun-rank-exit: "
 
 _PR_SET_PDEATHSIG = 1
+# hvdcompat.elastic.loop.RESTART_EXIT_CODE (not imported: no torch here).
+_RESTART_EXIT_CODE = 75
 # Every signal a launcher or user may send a rank, passed on unchanged.
 _FORWARDED = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH]
@@ -53,6 +55,24 @@ def _rank():
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return -1
+
+
+def _record_exit(report):
+    """In an elastic launch, leaves the rank's ending in the driver's directory.
+
+    ElasticDriver.verdict takes the job's exit code from the ranks that
+    ended in the final world (which they mark themselves at exit): a
+    ``sys.exit(N)`` there is the job's N, even though mpirun's own code
+    may be a lost rank's.
+    """
+    directory = os.environ.get("HVDCOMPAT_ELASTIC_DIR")
+    if not directory or report["rank"] < 0:
+        return
+    try:
+        with open(os.path.join(directory, f"exit.{report['rank']}"), "w") as f:
+            json.dump(report, f)
+    except OSError:
+        pass  # the driver is gone: nobody to tell
 
 
 def main(argv=None):
@@ -88,6 +108,15 @@ def main(argv=None):
         os.write(2, (MARKER + json.dumps(report) + "\n").encode())
     except OSError:
         pass  # the launcher is gone; the exit status still tells it
+    _record_exit(report)
+    if code > 0 and os.environ.get("HOROVOD_ELASTIC") == "1" and code != _RESTART_EXIT_CODE:
+        # Note [Failed elastic rank]: under ULFM, Open MPI 5.0's launcher ends
+        # the whole job, survivors included, when a rank on another host than
+        # mpirun's exits with a non-zero status; a rank killed by a signal is
+        # a failure the survivors recover from. The report above keeps the
+        # rank's own status for hvdcompatrun's summary.
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(1)
     if code < 0:
         # End the way the rank did, so the launcher reports the same signal.
         if -code not in (signal.SIGKILL, signal.SIGSTOP):

@@ -25,6 +25,8 @@ enum Stat {
   kUnorderedFrees,      // cudaFreeAsync on a stream not ordered after the buffer's last use
   kWrongDevice,         // event recorded on a stream of another device
   kUseAfterFree,        // an operation issued on memory already freed
+  kCommInits,           // ncclCommInitRank (fake_nccl_comm_ids() lists their unique ids)
+  kCommDestroys,        // ncclCommDestroy
   kNumStats
 };
 

@@ -13,7 +13,7 @@ STAT_NAMES = [
     "memcpy2ds", "memsets", "allreduces", "broadcasts", "allgathers", "reducescatters", "sends",
     "recvs", "groups", "premulsums", "redop_destroys", "comms_live", "aborts", "misuse",
     "stream_syncs", "avg_ops", "device_syncs", "concurrent_launches", "abort_in_call",
-    "unordered_frees", "wrong_device", "use_after_free",
+    "unordered_frees", "wrong_device", "use_after_free", "comm_inits", "comm_destroys",
 ]
 
 

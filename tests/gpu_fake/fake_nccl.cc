@@ -74,6 +74,8 @@ struct FakeComm {
 };
 
 std::mutex g_abort_mu;
+std::mutex g_ids_mu;
+std::string g_comm_ids;  // the unique id of every communicator made here, one per line
 std::condition_variable g_abort_cv;
 std::atomic<int> g_device_calls[64];
 
@@ -323,6 +325,16 @@ extern "C" {
 
 // -------------------------------------------------------------------- NCCL
 
+// The unique ids of the communicators made in this process, one per line, in
+// creation order (NUL-terminated, cut to `len`); returns the full length.
+int fake_nccl_comm_ids(char* out, int len) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  if (len > 0) {
+    std::snprintf(out, static_cast<size_t>(len), "%s", g_comm_ids.c_str());
+  }
+  return static_cast<int>(g_comm_ids.size());
+}
+
 ncclResult_t ncclGetVersion(int* v) { *v = EnvInt("FAKE_NCCL_VERSION", 21805); return ncclSuccess; }
 const char* ncclGetErrorString(ncclResult_t r) {
   static thread_local char buf[64];
@@ -349,6 +361,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   mkdir(c->dir.c_str(), 0777);
   *comm = reinterpret_cast<ncclComm_t>(c);
   g_stats[kCommsLive]++;
+  g_stats[kCommInits]++;
+  {
+    std::lock_guard<std::mutex> lock(g_ids_mu);
+    g_comm_ids += std::string(id.internal) + "\n";
+  }
   return ncclSuccess;
 }
 // Communicators are never deleted: queued work and late pollers may still
@@ -362,6 +379,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   CallScope scope(c);
   c->destroyed = true;
   g_stats[kCommsLive]--;
+  g_stats[kCommDestroys]++;
   return ncclSuccess;
 }
 ncclResult_t ncclCommAbort(ncclComm_t comm) {

@@ -599,6 +599,62 @@ def run_duplicate_device():
     assert "cuda:<hvd.local_rank()>" in msg, msg
 
 
+def comm_ids():
+    """Unique ids of the NCCL communicators made on this rank so far, in creation order."""
+    buf = ctypes.create_string_buffer(4096)
+    FAKE.fake_nccl_comm_ids(buf, len(buf))
+    return buf.value.decode().split()
+
+
+def run_elastic_reset():
+    """Note [Elastic reset] with NCCL communicators: the reset aborts the old world's (never
+    ncclCommDestroy, which may wait on a dead peer), and the first GPU collective of the new
+    world makes a new one, from a new unique id, over the survivors. CHECK_LOSE_RANK (under
+    fault-tolerant MPI) leaves the job after the first collective; without it the reset keeps
+    every rank."""
+    global RANK, SIZE
+    from hvdcompat import basics
+
+    lose = int(os.environ.get("CHECK_LOSE_RANK", "-1"))
+    x = make(rank_values(8, RANK, Sum, "float32"), "float32")
+    finish(enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum))
+    close(x, expected(8, Sum, "float32"), "float32", "allreduce of the first world")
+    before, old_ids = stats(), comm_ids()
+    assert before["comm_inits"] == 1 and before["comms_live"] == 1 and len(old_ids) == 1, before
+    if RANK == lose:
+        print(f"rank {RANK}: LEAVING THE JOB", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    if lose >= 0:
+        # The lost rank surfaces in the next collective's negotiation.
+        h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
+        code, msg, _, _, _ = _core.wait(h, CONSUMER)
+        assert code == _core.STATUS["internal"] and f"rank(s) {lose}" in msg, (code, msg)
+    old_rank, old_size = RANK, SIZE
+    survivors = basics._elastic_reset()
+    RANK, SIZE = hvd.rank(), hvd.size()
+    want = [r for r in range(old_size) if r != lose]
+    assert survivors == want and SIZE == len(want) and RANK == want.index(old_rank), \
+        (survivors, RANK, SIZE)
+    s = stats()
+    assert s["aborts"] == before["aborts"] + 1, f"the old communicator was not aborted: {s}"
+    assert s["comm_destroys"] == before["comm_destroys"], f"ncclCommDestroy after a reset: {s}"
+    assert s["comms_live"] == 0 and s["misuse"] == 0 and s["abort_in_call"] == 0, s
+    assert s["comm_inits"] == 1, f"a communicator was made before any GPU collective: {s}"
+    for k in range(2):
+        y = make(rank_values(16, RANK, Sum, "float32"), "float32")
+        finish(enqueue("allreduce", "allreduce", [d(y, "float32")], [d(y, "float32")], Sum))
+        close(y, expected(16, Sum, "float32"), "float32", f"allreduce #{k} of the new world")
+    s, ids = stats(), comm_ids()
+    assert s["comm_inits"] == 2 and s["comms_live"] == 1 and len(ids) == 2, (s, ids)
+    assert ids[1] != ids[0], f"the new world's communicator reuses the old unique id {ids}"
+    # Every member of the new world joined the same new communicator.
+    peers = hvd.allgather_object(ids[1])
+    assert len(set(peers)) == 1, peers
+    print(f"rank {RANK}: old rank {old_rank} of {old_size}, communicator {ids[0]} aborted, "
+          f"new one {ids[1]} over {SIZE} rank(s)", flush=True)
+
+
 if MODE == "async_error":
     run_async_error()
 elif MODE == "adasum":
@@ -611,6 +667,8 @@ elif MODE == "process_sets":
     run_process_sets()
 elif MODE == "duplicate":
     run_duplicate_device()
+elif MODE == "elastic_reset":
+    run_elastic_reset()
 else:
     run_full()
     s = stats()

@@ -1,4 +1,7 @@
-"""Many shutdown/init cycles in one process; ops after shutdown fail clearly."""
+"""Many shutdown/init cycles in one process; ops after shutdown fail clearly; settings read at
+init (HOROVOD_THREAD_AFFINITY pins each rank's engine threads to its local rank's core)."""
+
+import os
 
 import pytest
 import torch
@@ -57,3 +60,76 @@ def test_unnamed_op_counts_start_again_after_shutdown_and_init():
     hvd.init()
     got = hvd.allreduce(torch.full((2,), float(r + 1)), op=hvd.Sum)
     assert torch.equal(got, torch.full((2,), float(n * (n + 1) // 2)))
+
+
+# ------------------------------------------------------------ HOROVOD_THREAD_AFFINITY
+
+
+def _engine_thread_cores():
+    """{thread name: allowed cores} of this process's engine threads."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if not name.startswith("hvd-ps"):
+                continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("Cpus_allowed_list:"):
+                        found[name] = line.split(":", 1)[1].strip()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return found
+
+
+@pytest.fixture
+def affinity_env():
+    saved = {k: os.environ.get(k) for k in ("HOROVOD_THREAD_AFFINITY",
+                                            "HVDCOMPAT_THREAD_AFFINITY")}
+    yield
+    hvd.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    hvd.init()
+
+
+def test_engine_threads_run_on_the_local_rank_core(affinity_env):
+    allowed = sorted(os.sched_getaffinity(0))
+    local_size = hvd.local_size()
+    # One core per local rank, taken from the cores this process may use, in
+    # reverse so that local rank i's core is not simply core i.
+    cores = [allowed[(len(allowed) - 1 - i) % len(allowed)] for i in range(local_size)]
+    hvd.shutdown()
+    os.environ["HOROVOD_THREAD_AFFINITY"] = ",".join(map(str, cores))
+    hvd.init()
+    mine = cores[hvd.local_rank()]
+    out = hvd.allreduce(torch.full((4,), float(hvd.rank())), op=hvd.Sum, name="pinned")
+    assert torch.equal(out, torch.full((4,), float(sum(range(hvd.size())))))
+    threads = _engine_thread_cores()
+    assert "hvd-ps0" in threads, threads
+    assert all(v == str(mine) for v in threads.values()), (mine, threads)
+    # The training thread itself is not pinned.
+    assert sorted(os.sched_getaffinity(0)) == allowed
+
+
+def test_too_few_cores_fail_init_naming_the_variable(affinity_env):
+    local_size = hvd.local_size()
+    hvd.shutdown()
+    if local_size < 2:
+        pytest.skip("one rank per host: every non-empty list has enough cores")
+    os.environ["HOROVOD_THREAD_AFFINITY"] = "0"
+    with pytest.raises(ValueError, match=r"HOROVOD_THREAD_AFFINITY=0 lists 1 core\(s\) but this "
+                                         r"host runs \d+ rank\(s\); give one core per local rank"):
+        hvd.init()
+
+
+def test_malformed_list_fails_init(affinity_env):
+    hvd.shutdown()
+    os.environ["HOROVOD_THREAD_AFFINITY"] = "0,x"
+    with pytest.raises(ValueError, match=r"HOROVOD_THREAD_AFFINITY=0,x is not valid: expected "
+                                         r"comma-separated core numbers"):
+        hvd.init()

@@ -113,3 +113,98 @@ def test_a_rank_sees_its_host_removed_in_the_notices(tmp_path, monkeypatch):
     with open(tmp_path / "notices", "a") as f:
         f.write("2.0 1 hostC,hostB\n")
     assert notifications.host_removed()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _notices(driver):
+    try:
+        return [l.split() for l in open(os.path.join(driver.dir, "notices")).read().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def test_driver_blacklists_failed_hosts_and_lets_them_back_after_the_cooldown(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
+    args, _ = _parse(["-H", "a:2,b:1", "--min-np", "1", "--blacklist-cooldown-range", "5", "9",
+                      "python", "t.py"])
+    clock, out = _Clock(), open(tmp_path / "log", "w+")
+    hosts = [Host("a", 2), Host("b", 1)]
+    with elastic.ElasticDriver(args, out=out, clock=clock, cooldown=lambda lo, hi: hi) as d:
+        d._use(hosts, 3)  # ranks 0, 1 on a; 2 on b
+        d.poll(hosts)
+        assert _notices(d) == [] and d.blacklist == {}
+        with open(os.path.join(d.dir, "lost"), "w") as f:
+            f.write("1.0 2\n")  # rank 0 reports rank 2 lost
+        d.poll(hosts)
+        assert d.blacklist == {"b": 109.0} and "b" not in d.hosts
+        assert _notices(d) == []  # no rank is left on b: nothing to announce
+        clock.now = 108.0
+        d.poll(hosts)
+        assert _notices(d) == []
+        clock.now = 109.5  # the cooldown is over: b comes back as an added host
+        d.poll(hosts)
+        assert [n[1:] for n in _notices(d)] == [["2", "-"]] and d.blacklist == {}
+        d.poll(hosts)
+        assert len(_notices(d)) == 1  # announced once
+        assert d.next_hosts() == hosts  # the surviving host first, then the new one
+        out.seek(0)
+        log = out.read()
+    assert "host b is blacklisted: its rank(s) 2 failed; it may rejoin in 9.0 s" in log
+    assert "host b's blacklist cooldown is over" in log
+    assert "host(s) b added; the job restarts with them at its next commit" in log
+
+
+def test_a_blacklisted_host_with_live_ranks_is_announced_as_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
+    args, _ = _parse(["-H", "a:1,b:2", "--min-np", "1", "python", "t.py"])
+    hosts = [Host("a", 1), Host("b", 2)]
+    with elastic.ElasticDriver(args, out=open(os.devnull, "w")) as d:
+        d._use(hosts, 3)  # rank 0 on a; 1, 2 on b
+        with open(os.path.join(d.dir, "lost"), "w") as f:
+            f.write("1.0 1\n")
+        d.poll(hosts)
+        assert d.blacklist["b"] == float("inf")
+        assert [n[1:] for n in _notices(d)] == [["1", "b"]]  # rank 2 must leave
+        assert d.error is None
+
+
+def test_every_host_blacklisted_and_too_few_slots_past_the_timeout_are_errors(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
+    args, _ = _parse(["-H", "a:1,b:1", "--min-np", "1", "python", "t.py"])
+    hosts = [Host("a", 1), Host("b", 1)]
+    with elastic.ElasticDriver(args, out=open(os.devnull, "w")) as d:
+        d._use(hosts, 2)
+        with open(os.path.join(d.dir, "lost"), "w") as f:
+            f.write("1.0 1\n2.0 0\n")
+        d.poll(hosts)
+        assert d.error.startswith("every host is blacklisted (a (for good), b (for good)); "
+                                  "the job stops"), d.error
+    args, _ = _parse(["--host-discovery-script", "x", "--min-np", "2", "--elastic-timeout", "30",
+                      "python", "t.py"])
+    clock = _Clock()
+    with elastic.ElasticDriver(args, out=open(os.devnull, "w"), clock=clock) as d:
+        d._use(hosts, 2)
+        d.poll([Host("a", 1)])
+        assert d.error is None and _notices(d) == []  # b's removal is held back meanwhile
+        clock.now += 29
+        d.poll([Host("a", 1)])
+        assert d.error is None
+        clock.now += 1
+        d.poll([Host("a", 1)])
+        assert ("only 1 usable slot(s) (discovery lists a:1; blacklisted: none), fewer than "
+                "--min-np 2, for --elastic-timeout 30 s; the job stops") in d.error
+
+
+def test_relaunch_hosts_are_capped_at_max_np():
+    assert elastic._cap([Host("a", 2), Host("b", 4), Host("c", 1)], 5) == \
+        [Host("a", 2), Host("b", 3)]
+    assert elastic._cap([Host("a", 2)], None) == [Host("a", 2)]

@@ -319,3 +319,42 @@ def test_reset_below_min_np_is_a_clear_error(monkeypatch):
         loop_mod.reset()
     monkeypatch.setenv("HVDCOMPAT_ELASTIC_MIN_NP", "2")
     assert loop_mod.reset() == [0, 2]
+
+
+def test_torch_state_saved_values_carry_the_last_commit_into_a_new_state(one_rank, monkeypatch):
+    from hvdcompat.elastic import ElasticSampler, TorchState, common
+
+    monkeypatch.setattr(common.State, "check_host_updates", lambda self: None)
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sampler = ElasticSampler(list(range(10)), shuffle=False)
+        return model, opt, sampler, TorchState(model, opt, sampler=sampler, epoch=0, batch=0)
+
+    model, opt, sampler, state = make()
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sampler.record_batch(0, 4)
+    state.epoch, state.batch = 1, 4
+    state.commit()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight += 1  # after the commit: not carried over
+    values = torch.load(_roundtrip(state.saved_values()), weights_only=False)
+    model2, opt2, sampler2, state2 = make()
+    state2.load_saved_values(values)
+    assert all(torch.equal(model2.state_dict()[k], committed[k]) for k in committed)
+    assert opt2.state_dict()["state"][0]["momentum_buffer"].shape == (2, 3)
+    assert (state2.epoch, state2.batch) == (1, 4)
+    assert sampler2.state_dict() == {"epoch": 0, "processed_num": 4}
+
+
+def _roundtrip(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf

@@ -138,6 +138,9 @@ PROCESS_STATE = {
         "rank 0 prints its line once per process, however many models and engines",
     ("hvdcompat.elastic.state", "_handler_registry"):
         "Horovod's get/set_handler_registry: user configuration of the process",
+    ("hvdcompat.elastic.loop", "_last_restart"):
+        "how this launch began (a restart on new hosts): the same for the whole process, "
+        "across the resets that follow",
     ("hvdcompat.elastic.notifications", "_offset"):
         "the part of the driver's notices file this process has read; a reset must not read "
         "the old notices again",
