@@ -6,6 +6,7 @@
     hvdcompatrun -np 2 python examples/allreduce_benchmark.py --autotune --sizes 4KiB
     hvdcompatrun -np 4 python examples/allreduce_benchmark.py --hierarchical --pseudo-node-size 2
     mpirun --allow-run-as-root -np 2 python examples/allreduce_benchmark.py --mpi4py-first
+    python examples/allreduce_benchmark.py --hosts    # root: simulated cluster, see below
 
 Prints, for float32 buffers of each size, the median time of a synchronous
 allreduce (sum) and its algorithm bandwidth (bytes / time), then the
@@ -24,6 +25,20 @@ Then hvdcompat in place (hvd.allreduce_) against out of place (hvd.allreduce,
 a new output per call), per size and for the ResNet-50 set. --mpi4py-first
 starts MPI from mpi4py before hvdcompat is imported (as scripts that import
 mpi4py first do), so nothing hvdcompat could set at import reaches MPI.
+
+--hosts (run it as a plain command, as root: it launches the jobs itself)
+builds two test hosts on this machine (network namespaces joined by a bridge,
+tests/cluster/testhosts.py) and, for the layouts 2 hosts x 1 rank and
+2 hosts x 2 ranks with the host links unlimited and limited to 1 Gbit/s (tbf),
+times the ResNet-50 set (in place, async then synchronize) in one job per row:
+hvdcompat's default engine against the same engine in Horovod's configuration
+(HOROVOD_CYCLE_TIME=1, 64 MiB fusion, one call per fused buffer: no chunking,
+no call split, the single-host transport), in alternating rounds, each also
+with fp16 compression, next to the link floor (each host sends and receives
+the set once). Then examples/pytorch_synthetic_benchmark.py trains on
+2 hosts x 1 rank with both configurations. Horovod itself is not installed
+here (0.28.1 does not build against this torch), hence its configuration on
+our engine.
 """
 
 import argparse
@@ -39,6 +54,10 @@ import torch
 
 if "--mpi4py-first" in sys.argv:
     from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
+
+if __name__ == "__main__" and "--hosts" in sys.argv:
+    # The driver runs no rank itself: it builds the test hosts and launches the jobs.
+    sys.exit(__import__("_cluster_rows").main(sys.argv[1:]))
 
 import hvdcompat as hvd
 from _engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart
@@ -194,6 +213,9 @@ def main():
                         help="start MPI from mpi4py before importing hvdcompat")
     parser.add_argument("--no-out-of-place", action="store_true",
                         help="skip the in-place vs out-of-place rows")
+    parser.add_argument("--hosts", action="store_true",
+                        help="(root, not under a launcher) the simulated-cluster table; "
+                             "--hosts --help lists its options")
     args = parser.parse_args()
 
     hvd.init()

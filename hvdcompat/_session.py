@@ -3,8 +3,7 @@
 Note [One owner of Python state]
 Everything the Python layer keeps about a running engine lives in one
 :class:`Session`: the handles of ops in flight and the tensors they point
-into, the counters that name unnamed ops, joins and barriers, the names held
-until their op is synchronized, the cached GPU answer, the DDP backend's
+into, the counters that name unnamed ops, joins and barriers, the cached GPU answer, the DDP backend's
 group counter and the process sets given an id. ``basics.init`` creates it
 after the core starts; ``basics.shutdown`` drops it after the core stops, so
 a new ``init`` starts from nothing without any module resetting itself. An
@@ -40,8 +39,6 @@ class Session:
         handles: core handle -> the op's pending record (``ops.handles``),
             holding every tensor the core reads or writes until it completes.
         noname_counts: process set id -> unnamed ops enqueued on it (names them).
-        names_in_use: (process set id, full name) -> handle of the op holding
-            the name, until its caller has seen the op finish.
         composites: negative handle -> (core handles, assemble) for ops made
             of several core ops (grouped ops over several dtypes).
         next_composite: the next negative handle to give out.
@@ -61,7 +58,6 @@ class Session:
         self.size = size
         self.handles = {}
         self.noname_counts = {}
-        self.names_in_use = {}
         self.composites = {}
         self.next_composite = -1
         self.join_count = 0
@@ -70,11 +66,6 @@ class Session:
         self.ddp_group_count = 0
         self.process_sets = weakref.WeakSet(process_sets)
         self.last_reset_seconds = None
-
-    def release_names_of(self, process_set_id):
-        """Frees the names held on a removed set (its id may be given to a new set)."""
-        for key in [k for k in self.names_in_use if k[0] == process_set_id]:
-            del self.names_in_use[key]
 
 
 # The running engine's session, or None. The only module-level state of the

@@ -10,7 +10,7 @@ import cloudpickle
 import torch
 
 from hvdcompat.basics import rank
-from hvdcompat.ops.collectives import allgather_async, broadcast_async_
+from hvdcompat.ops.collectives import _set_rank_size, allgather_async, broadcast_async_
 from hvdcompat.ops.handles import synchronize
 from hvdcompat.process_sets import global_process_set
 
@@ -21,9 +21,8 @@ __all__ = [
 
 
 def _check_member(process_set, what):
-    if process_set.included() is False:
-        raise ValueError(f"{what}: rank {rank()} is not a member of {process_set}; only its "
-                         "members may call it (the others should skip the call).")
+    """ValueError from the core unless this rank is a member of `process_set`."""
+    _set_rank_size(process_set, what)
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):

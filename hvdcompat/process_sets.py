@@ -101,7 +101,9 @@ def _info(process_set_id):
     _session.current()
     info = _core.process_set_info(process_set_id)
     if info is None:
-        raise ValueError("Process set does not exist or has not been registered.")
+        # Unknown to the core (e.g. an id from before the last hvd.init()):
+        # the core raises its own error for it.
+        _core.process_set_member(process_set_id, "ProcessSet", "")
     return info
 
 
@@ -163,7 +165,6 @@ def _parse_init_argument(process_sets, comm=None):
         if not isinstance(ps, ProcessSet):
             raise ValueError(f"hvd.init: process_sets entry number {i} is not a ProcessSet: {ps!r}")
     job = _job_comm(comm) if any(ps.mpi_comm is not None for ps in sets) else None
-    job_size = job.Get_size() if job is not None else None
     for i, ps in enumerate(sets):
         if ps.mpi_comm is not None:
             mine = _comm_ranks(ps.mpi_comm, job)
@@ -172,13 +173,10 @@ def _parse_init_argument(process_sets, comm=None):
             ps.ranks = mine
         else:
             mine, groups = ps.ranks, [tuple(ps.ranks)]
-        for g in groups:
-            if list(g) in static.rank_lists or (job_size is not None
-                                                and list(g) == list(range(job_size))):
-                raise ValueError("Horovod could not be initialized because process_sets entry "
-                                 f"number {i} is a duplicate: {ps}")
-            static.rank_lists.append(list(g))
-        index = static.rank_lists.index(list(mine)) if mine is not None else None
+        # A duplicate (of another entry or of the global set) is refused by the core.
+        first = len(static.rank_lists)
+        static.rank_lists.extend(list(g) for g in groups)
+        index = (first + groups.index(tuple(mine))) if mine is not None else None
         static.assignments.append((ps, index))
     return False, static
 
@@ -232,9 +230,6 @@ def add_process_set(process_set):
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets after "
                          "Horovod initialization (or call hvd.init(process_sets='dynamic')).")
-    for pid in _core.process_set_ids():
-        if _core.process_set_info(pid)[0] == process_set.ranks:
-            raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
     process_set.process_set_id = _core.add_process_set(process_set.ranks)
     session.process_sets.add(process_set)
     return process_set
@@ -250,7 +245,7 @@ def remove_process_set(process_set):
     Raises:
         ValueError: not initialised or dynamic mode off.
     """
-    session = _session.current()
+    _session.current()
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow removing process sets "
                          "after Horovod initialization (or call hvd.init(process_sets='dynamic')).")
@@ -258,6 +253,4 @@ def remove_process_set(process_set):
     if pid is None or pid == 0:
         return False
     process_set._invalidate()
-    removed = _core.remove_process_set(pid)
-    session.release_names_of(pid)
-    return removed
+    return _core.remove_process_set(pid)  # also frees the names held on it

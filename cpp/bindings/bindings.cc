@@ -220,6 +220,7 @@ py::dict Stats() {
   d["autotune_changes"] = s.tuning.changes();
   d["hierarchical_allreduces"] = s.hierarchical_allreduces.load();
   d["hierarchical_allgathers"] = s.hierarchical_allgathers.load();
+  d["network_allreduces"] = s.network_allreduces.load();
   return d;
 }
 
@@ -257,6 +258,9 @@ py::dict ConfigDict() {
   d["fusion_chunk_bytes"] = c.fusion_chunk_bytes;
   d["inplace_min_bytes"] = c.inplace_min_bytes;
   d["max_call_bytes"] = c.max_call_bytes;
+  d["link_plan"] = c.link_plan;
+  d["network_segment_bytes"] = c.network_segment_bytes;
+  d["network_pipeline_depth"] = c.network_pipeline_depth;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["hierarchical_allgather"] = c.hierarchical_allgather;
@@ -356,6 +360,11 @@ PYBIND11_MODULE(_core, m) {
     return py::make_tuple(info->ranks, info->included, info->rank);
   });
   m.def("process_set_ids", [] { return Rt().ProcessSetIds(); });
+  m.def("process_set_member", [](int id, const std::string& op, const std::string& name) {
+    return RtShared()->MemberRankSize(op, name, id);
+  }, py::arg("process_set_id"), py::arg("op"), py::arg("name"),
+        "(this rank's index, size) in a process set; ValueError, from the same rule as "
+        "enqueue, when the set is unknown or this rank is not a member.");
   m.def("engine_stats", &Stats);
   m.def("reset_engine_stats", [] { Rt().stats().Reset(); });
   m.def("autotune_history", &AutotuneHistory);

@@ -26,11 +26,13 @@ struct EngineStats {
   // Host collective steps run node-aware (HOROVOD_HIERARCHICAL_ALLREDUCE/ALLGATHER).
   std::atomic<uint64_t> hierarchical_allreduces{0};
   std::atomic<uint64_t> hierarchical_allgathers{0};
+  // Host allreduce segments run on the network plan (Note [Link plans]).
+  std::atomic<uint64_t> network_allreduces{0};
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,
                     &tensors, &fused_collectives, &fused_tensors, &bytes, &errors, &hierarchical_allreduces,
-                    &hierarchical_allgathers}) {
+                    &hierarchical_allgathers, &network_allreduces}) {
       c->store(0);
     }
   }

@@ -38,7 +38,8 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Parallel NCCL streams/communicators for GPU collectives."},
       {Knob::kHierarchicalAllreduce, "HIERARCHICAL_ALLREDUCE", true, "0", "bool",
        "Allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather "
-       "(host tensors over MPI, CUDA tensors over NCCL)."},
+       "(host tensors over MPI, CUDA tensors over NCCL). Unset: host tensors take it when the "
+       "ranks span hosts with the same number (> 1) on each (HVDCOMPAT_LINK_PLAN)."},
       {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
        "Backend for CUDA tensors; MPI stages through host memory."},
       {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
@@ -79,6 +80,13 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kHierarchicalAllgather, "HIERARCHICAL_ALLGATHER", true, "0", "bool",
        "Host allgather as gather to each node's first rank, allgather among those, "
        "intra-node broadcast."},
+      {Knob::kLinkPlan, "LINK_PLAN", false, "auto", "auto|host|network",
+       "Host allreduce transport: network (pipelined segments, hierarchical with several ranks "
+       "per host) when the ranks span hosts, host (cache-sized chunks) otherwise; or forced."},
+      {Knob::kNetworkSegmentBytes, "NETWORK_SEGMENT_BYTES", false, "4194304", "bytes",
+       "Network plan: host allreduces run as pipelined calls of at most this size."},
+      {Knob::kNetworkPipelineDepth, "NETWORK_PIPELINE_DEPTH", false, "3", "segments",
+       "Network plan: segments in flight at once (the next is packed while they travel)."},
       // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
       {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
        "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
@@ -182,7 +190,19 @@ Config Config::FromEnvironment() {
   c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
   c.hierarchical_allgather = KnobBool(Knob::kHierarchicalAllgather);
   c.hierarchical_local_size = KnobInt(Knob::kHierarchicalLocalSize);
+  c.hierarchical_allreduce_set = KnobExplicit(Knob::kHierarchicalAllreduce);
   c.async_completion = KnobBool(Knob::kEnableAsyncCompletion);
+  {
+    std::string plan_source;
+    c.link_plan = KnobString(Knob::kLinkPlan, &plan_source);
+    for (auto& ch : c.link_plan) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (c.link_plan.empty()) c.link_plan = "auto";
+    if (c.link_plan != "auto" && c.link_plan != "host" && c.link_plan != "network") {
+      BadValue(Knob::kLinkPlan, c.link_plan, plan_source, "auto, host or network");
+    }
+  }
+  c.network_segment_bytes = std::max<int64_t>(4096, KnobInt(Knob::kNetworkSegmentBytes));
+  c.network_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kNetworkPipelineDepth));
   std::string source;
   std::string ops = KnobString(Knob::kGpuOperations, &source);
   for (auto& ch : ops) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));

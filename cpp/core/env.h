@@ -42,6 +42,9 @@ enum class Knob : int {
   kAutotuneBayesOptMaxSamples,
   kAutotuneGaussianProcessNoise,
   kHierarchicalAllgather,
+  kLinkPlan,
+  kNetworkSegmentBytes,
+  kNetworkPipelineDepth,
   kElasticMinNp,
   kElasticResetLimit,
   kElasticDir,
@@ -91,6 +94,10 @@ struct Config {
   bool hierarchical_allreduce;     // allreduce in three steps over node/cross comms (CPU and GPU)
   bool hierarchical_allgather;     // host allgather in three steps over node/cross comms
   int64_t hierarchical_local_size; // ranks per node for those splits (testing); 0: shared memory
+  bool hierarchical_allreduce_set; // HOROVOD_HIERARCHICAL_ALLREDUCE given (else the link plan picks)
+  std::string link_plan;           // "auto", "host" or "network" (Note [Link plans])
+  int64_t network_segment_bytes;   // network plan: pipelined segment size
+  int64_t network_pipeline_depth;  // network plan: segments in flight, >= 1
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
   bool autotune;                   // search the tunables while training (parameter_manager.h)

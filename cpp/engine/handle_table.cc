@@ -6,12 +6,29 @@
 
 namespace hvdcompat {
 
-int HandleTable::Create() {
+int HandleTable::Create(int process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
+  NameKey key(process_set, name);
+  if (names_.count(key)) return kNameTaken;
   int h = next_++;
   if (next_ < 0) next_ = 0;  // wrap-around after 2^31 handles
-  states_[h] = std::make_shared<State>();
+  auto state = std::make_shared<State>();
+  state->name = key;
+  states_[h] = std::move(state);
+  names_[std::move(key)] = h;
   return h;
+}
+
+void HandleTable::ReleaseNameLocked(int handle, const State& state) {
+  auto it = names_.find(state.name);
+  if (it != names_.end() && it->second == handle) names_.erase(it);
+}
+
+void HandleTable::ReleaseNames(int process_set) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = names_.begin(); it != names_.end();) {
+    it = it->first.first == process_set ? names_.erase(it) : std::next(it);
+  }
 }
 
 std::shared_ptr<HandleTable::State> HandleTable::Find(int handle) const {
@@ -32,7 +49,7 @@ void HandleTable::Complete(int handle, HandleResult result) {
   cv_.notify_all();
 }
 
-bool HandleTable::Poll(int handle) const {
+bool HandleTable::Poll(int handle) {
   auto s = Find(handle);
   if (!s) throw InvalidArgument("poll: handle " + std::to_string(handle) +
                                 " is unknown (never created, or already synchronized)");
@@ -43,7 +60,10 @@ bool HandleTable::Poll(int handle) const {
     std::lock_guard<std::mutex> lock(mu_);
     device_done = s->result.device_done;
   }
-  return !device_done || device_done->Done();
+  if (device_done && !device_done->Done()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseNameLocked(handle, *s);
+  return true;
 }
 
 HandleResult HandleTable::Wait(int handle) {
@@ -61,6 +81,7 @@ HandleResult HandleTable::Wait(int handle) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return s->done.load(std::memory_order_acquire); });
     states_.erase(handle);
+    ReleaseNameLocked(handle, *s);
     // Under the lock: Poll may be reading the result's device completion.
     result = std::move(s->result);
   }
@@ -69,7 +90,10 @@ HandleResult HandleTable::Wait(int handle) {
 
 void HandleTable::Discard(int handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  states_.erase(handle);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return;
+  ReleaseNameLocked(handle, *it->second);
+  states_.erase(it);
 }
 
 size_t HandleTable::NumOutstanding() const {

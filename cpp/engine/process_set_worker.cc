@@ -149,16 +149,6 @@ void ProcessSetWorker::Enqueue(std::unique_ptr<TensorEntry> entry) {
     Complete(std::move(entry), s);
     return;
   }
-  const std::string& name = entry->request.name;
-  if (!in_flight_.insert(name).second) {
-    throw InvalidArgument(
-        std::string(OpTypeName(entry->request.op)) + " '" + name +
-        "': an operation with this name is still in flight on rank " +
-        std::to_string(global_ranks_[rank_]) +
-        ". Requested to allreduce, allgather, or broadcast a tensor with the same name as "
-        "another tensor that is currently being processed. Wait for the first one "
-        "(hvd.synchronize) or use a different name.");
-  }
   entry->enqueued = Clock::now();
   incoming_.push_back(std::move(entry));
   pending_hint_.store(true, std::memory_order_release);
@@ -178,12 +168,6 @@ void ProcessSetWorker::Shutdown() {
 
 void ProcessSetWorker::Complete(std::unique_ptr<TensorEntry> entry, Status status) {
   if (!status.ok()) stats_->errors.fetch_add(1, std::memory_order_relaxed);
-  {
-    // The name is free again before the handle reports done, so a caller
-    // that synchronizes and immediately reuses the name is not refused.
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.erase(entry->request.name);
-  }
   entry->result.status = std::move(status);
   handles_->Complete(entry->handle, std::move(entry->result));
 }

@@ -18,7 +18,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "autotune/parameter_manager.h"
@@ -52,9 +51,10 @@ class ProcessSetWorker {
   int size() const { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
-  // Hands an op to the worker; its handle completes later. Throws
-  // InvalidArgument when an op with the same name is still in flight. After
-  // the worker stopped, the handle completes at once with the reason.
+  // Hands an op to the worker; its handle completes later. Its name must be
+  // unique among the set's pending ops (the handle table holds it until the
+  // caller has seen the op finish). After the worker stopped, the handle
+  // completes at once with the reason.
   void Enqueue(std::unique_ptr<TensorEntry> entry);
 
   // Tells the other ranks of the set (one last negotiation cycle), fails
@@ -115,7 +115,6 @@ class ProcessSetWorker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<TensorEntry>> incoming_;
-  std::unordered_set<std::string> in_flight_;
   bool shutdown_requested_ = false;
   bool stopped_ = false;
   Status stop_status_;

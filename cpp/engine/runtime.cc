@@ -21,11 +21,7 @@ std::string RankListString(const std::vector<int>& v) {
   return s + "]";
 }
 
-std::string OpLabel(OpType op) {
-  std::string s = OpTypeName(op);
-  if (!s.empty()) s[0] = static_cast<char>(std::toupper(s[0]));
-  return s;
-}
+constexpr const char* kInitCaller = "hvd.init(process_sets=...)";
 
 }  // namespace
 
@@ -35,6 +31,19 @@ Runtime::Runtime(const InitOptions& options)
       dynamic_(options.dynamic_process_sets || KnobBool(Knob::kDynamicProcessSets)) {
   mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
   ConfigureLogging(mpi_->rank());
+  std::vector<int> all(mpi_->size());
+  for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
+  {
+    // Before any worker exists, so a bad set fails hvd.init() with nothing started.
+    std::map<int, std::vector<int>> planned{{0, all}};
+    for (size_t i = 0; i < options.process_sets.size(); ++i) {
+      std::vector<int> ranks = options.process_sets[i];
+      CheckNewSet(kInitCaller, &ranks, planned);
+      int id = i < options.process_set_ids.size() ? options.process_set_ids[i]
+                                                  : static_cast<int>(i) + 1;
+      planned[id] = ranks;
+    }
+  }
   config_.rank_hosts = mpi_->hosts();
   config_.worker_core =
       WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
@@ -42,15 +51,14 @@ Runtime::Runtime(const InitOptions& options)
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
   }
   gpu_ = std::make_unique<GpuContext>(config_, mpi_->local_rank());
-  std::vector<int> all(mpi_->size());
-  for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
   std::lock_guard<std::mutex> lock(sets_mu_);
   set_ranks_[0] = all;
   workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
                                                    &mpi_->ops(), &stats_, &timeline_, gpu_.get());
   for (size_t i = 0; i < options.process_sets.size(); ++i) {
     RegisterLocked(options.process_sets[i],
-                   i < options.process_set_ids.size() ? options.process_set_ids[i] : -1);
+                   i < options.process_set_ids.size() ? options.process_set_ids[i] : -1,
+                   kInitCaller);
   }
 }
 
@@ -97,99 +105,180 @@ void Runtime::StopTimeline() {
   timeline_.Stop();
 }
 
-int Runtime::Enqueue(EnqueueArgs args) {
-  std::shared_ptr<ProcessSetWorker> worker;
-  {
-    std::lock_guard<std::mutex> lock(sets_mu_);
-    if (stopped_) {
-      throw InvalidArgument(OpLabel(args.op) + " '" + args.name +
-                            "': hvdcompat has been shut down on this rank; call hvd.init() "
-                            "before further collectives.");
-    }
-    auto w = workers_.find(args.process_set);
-    if (w == workers_.end()) {
-      if (set_ranks_.count(args.process_set)) {
-        throw InvalidArgument(OpLabel(args.op) + ": Rank " + std::to_string(mpi_->rank()) +
-                              " is not a member of the provided process set (id " +
-                              std::to_string(args.process_set) + ", ranks " +
-                              RankListString(set_ranks_.at(args.process_set)) +
-                              "). Only member ranks may call collectives on it.");
-      }
-      throw InvalidArgument(OpLabel(args.op) +
-                            ": Process set provided does not exist, or has not been "
-                            "registered (id " +
-                            std::to_string(args.process_set) + "). Register it with "
-                            "hvd.add_process_set or hvd.init(process_sets=...).");
-    }
-    worker = w->second;
+// Every caller mistake the engine reports starts with its subject:
+// "allreduce 'allreduce.fc1.weight' on rank 3".
+std::string Runtime::Subject(const std::string& op, const std::string& name) const {
+  std::string s = op;
+  if (!name.empty()) s += " '" + name + "'";
+  return s + " on rank " + std::to_string(mpi_->rank());
+}
+
+std::string Runtime::DescribeSet(int id, const std::vector<int>& ranks) const {
+  if (id == 0) return "the global process set (ranks 0 to " + std::to_string(mpi_->size() - 1) + ")";
+  return "process set " + std::to_string(id) + " (ranks " + RankListString(ranks) + ")";
+}
+
+std::shared_ptr<ProcessSetWorker> Runtime::MemberWorker(const std::string& op,
+                                                        const std::string& name,
+                                                        int process_set) const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  if (stopped_) {
+    throw InvalidArgument(Subject(op, name) +
+                          ": hvdcompat has been shut down on this rank; call hvd.init() before "
+                          "further collectives.");
   }
-  auto entry = std::make_unique<TensorEntry>();
-  Request& q = entry->request;
+  auto w = workers_.find(process_set);
+  if (w != workers_.end()) return w->second;
+  auto known = set_ranks_.find(process_set);
+  if (known == set_ranks_.end()) {
+    throw InvalidArgument(
+        Subject(op, name) + ": Process set provided does not exist, or has not been registered" +
+        (process_set >= 0 ? " (id " + std::to_string(process_set) + ")" : std::string()) +
+        "; it was never added, or it was removed. Register it with hvd.add_process_set or "
+        "hvd.init(process_sets=...) and pass the registered ProcessSet.");
+  }
+  throw InvalidArgument(Subject(op, name) + ": rank " + std::to_string(mpi_->rank()) +
+                        " is not a member of " + DescribeSet(process_set, known->second) +
+                        ". Only its members may call collectives on it; skip the call on the "
+                        "other ranks.");
+}
+
+std::pair<int, int> Runtime::MemberRankSize(const std::string& op, const std::string& name,
+                                            int process_set) const {
+  auto worker = MemberWorker(op, name, process_set);
+  return {worker->rank(), worker->size()};
+}
+
+Request Runtime::DescribeRequest(const EnqueueArgs& args) const {
+  Request q;
   q.op = args.op;
-  q.name = std::move(args.name);
+  q.name = args.name;
   q.auto_named = args.auto_named;
   q.reduce_op = args.reduce_op;
   q.prescale = args.prescale;
   q.postscale = args.postscale;
   q.device = args.inputs.empty() ? kCpuDevice : args.inputs[0].device;
   q.dtype = args.inputs.empty() ? DataType::kUInt8 : args.inputs[0].dtype;
+  const std::string op = OpTypeName(args.op);
   for (const auto& b : args.inputs) {
     if (b.device != q.device) {
-      throw InvalidArgument(OpLabel(args.op) + " '" + q.name +
-                            "': Tensors in list must be on same device (found " +
-                            std::to_string(q.device) + " and " + std::to_string(b.device) + ")");
+      throw InvalidArgument(Subject(op, q.name) + ": Tensors in list must be on same device "
+                            "(found " + std::to_string(q.device) + " and " +
+                            std::to_string(b.device) + "). Move them to one device.");
     }
     if (b.dtype != q.dtype) {
-      throw InvalidArgument(OpLabel(args.op) + " '" + q.name +
-                            "': tensors in a group must share one dtype (found " +
-                            DataTypeName(q.dtype) + " and " + DataTypeName(b.dtype) + ")");
+      throw InvalidArgument(Subject(op, q.name) + ": tensors in a group must share one dtype "
+                            "(found " + DataTypeName(q.dtype) + " and " + DataTypeName(b.dtype) +
+                            "). Cast them to one dtype.");
     }
     q.shapes.push_back(b.shape);
   }
-  if (args.op == OpType::kBroadcast) {
-    const auto& ranks = worker->global_ranks();
-    auto it = std::find(ranks.begin(), ranks.end(), args.root);
-    if (it == ranks.end()) {
-      throw InvalidArgument("broadcast received invalid root rank " + std::to_string(args.root) +
-                            ": it is not a member of " +
-                            (args.process_set ? "process set " + std::to_string(args.process_set) +
-                                                    " " + RankListString(ranks)
-                                              : "the job (size " + std::to_string(mpi_->size()) + ")") +
-                            ". root_rank is a global rank.");
-    }
-    q.root = static_cast<int>(it - ranks.begin());
-  }
-  if (args.op == OpType::kAlltoall) {
-    for (const auto& s : args.splits) {
-      if (static_cast<int>(s.size()) != worker->size()) {
-        throw InvalidArgument("alltoall '" + q.name + "': Number of entries in splits (" +
-                              std::to_string(s.size()) +
-                              ") does not equal number of workers (" +
-                              std::to_string(worker->size()) + ").");
-      }
-    }
-  }
   for (const auto& b : args.outputs) {
     if (b.device != q.device) {
-      throw InvalidArgument(OpLabel(args.op) + " '" + q.name + "': outputs must be on the inputs' "
-                            "device (found " + std::to_string(q.device) + " and " +
+      throw InvalidArgument(Subject(op, q.name) + ": outputs must be on the inputs' device "
+                            "(found " + std::to_string(q.device) + " and " +
                             std::to_string(b.device) + ")");
     }
   }
-  if (q.device != kCpuDevice) {
-    entry->ready = gpu_->PrepareEnqueue(std::string(OpTypeName(args.op)) + " '" + q.name + "'",
-                                        q.device, args.stream);
-    // Ranks negotiate the kind of device, not its index: each rank drives its
-    // own GPU (its index stays in the buffers), and a cached response must
-    // serve every rank.
-    q.device = 0;
+  return q;
+}
+
+int Runtime::SetRoot(const ProcessSetWorker& worker, const EnqueueArgs& args) const {
+  const auto& ranks = worker.global_ranks();
+  auto it = std::find(ranks.begin(), ranks.end(), args.root);
+  if (it == ranks.end()) {
+    throw InvalidArgument(Subject(OpTypeName(args.op), args.name) + ": invalid root rank " +
+                          std::to_string(args.root) + ": it is not a member of " +
+                          DescribeSet(worker.id(), ranks) +
+                          ". root_rank is a global rank; pass one of the set's ranks.");
   }
-  entry->inputs = std::move(args.inputs);
-  entry->outputs = std::move(args.outputs);
-  entry->splits = std::move(args.splits);
-  int handle = handles_.Create();
+  return static_cast<int>(it - ranks.begin());
+}
+
+void Runtime::ResolveSplits(const ProcessSetWorker& worker, EnqueueArgs* args) const {
+  const std::string subject = Subject(OpTypeName(args->op), args->name);
+  HVD_ENFORCE(args->inputs.size() == 1, "alltoall with " << args->inputs.size() << " inputs");
+  const Shape& shape = args->inputs[0].shape;
+  if (shape.empty()) {
+    throw InvalidArgument(subject + ": cannot alltoall a scalar (0-dim) tensor; reshape it to "
+                          "[1] first.");
+  }
+  const int64_t rows = shape[0];
+  const int64_t n = worker.size();
+  const std::string workers = std::to_string(n) + " ranks in " +
+                              DescribeSet(worker.id(), worker.global_ranks());
+  if (args->splits.empty()) {
+    if (rows % n) {
+      throw InvalidArgument(subject + ": splits not provided, but first dimension of tensor is "
+                            "not an even multiple of the number of workers (" +
+                            std::to_string(rows) + " rows, " + workers +
+                            "). Pass splits=[rows for each rank].");
+    }
+    args->splits.assign(1, std::vector<int64_t>(n, rows / n));
+    return;
+  }
+  HVD_ENFORCE(args->splits.size() == 1, "alltoall with " << args->splits.size() << " split lists");
+  const std::vector<int64_t>& splits = args->splits[0];
+  std::string listed = "[";
+  int64_t sum = 0;
+  bool negative = false;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    listed += (i ? ", " : "") + std::to_string(splits[i]);
+    sum += splits[i];
+    negative = negative || splits[i] < 0;
+  }
+  listed += "]";
+  if (static_cast<int64_t>(splits.size()) != n) {
+    throw InvalidArgument(subject + ": Number of entries in splits (" +
+                          std::to_string(splits.size()) + ") does not equal number of workers (" +
+                          workers + "). Pass one entry per rank of the set.");
+  }
+  if (negative) {
+    throw InvalidArgument(subject + ": splits must be non-negative, got " + listed + ".");
+  }
+  if (sum > rows) {
+    throw InvalidArgument(subject + ": Sum of splits entries (" + std::to_string(sum) +
+                          ") is greater than the first dimension of tensor (" +
+                          std::to_string(rows) + "). splits " + listed +
+                          " counts the rows sent to each rank.");
+  }
+}
+
+int Runtime::ReserveHandle(const ProcessSetWorker& worker, const Request& q) {
+  int handle = handles_.Create(worker.id(), q.name);
+  if (handle == HandleTable::kNameTaken) {
+    throw InvalidArgument(
+        Subject(OpTypeName(q.op), q.name) + ": an operation with this name is still in flight" +
+        (worker.id() ? " in process set " + std::to_string(worker.id()) : std::string()) +
+        " (its handle has not been synchronized). Requested to allreduce, allgather, or "
+        "broadcast a tensor with the same name as another tensor that is currently being "
+        "processed. Wait for the first one (hvd.synchronize) or use a different name.");
+  }
+  return handle;
+}
+
+int Runtime::Enqueue(EnqueueArgs args) {
+  std::shared_ptr<ProcessSetWorker> worker =
+      MemberWorker(OpTypeName(args.op), args.name, args.process_set);
+  auto entry = std::make_unique<TensorEntry>();
+  entry->request = DescribeRequest(args);
+  Request& q = entry->request;
+  if (args.op == OpType::kBroadcast) q.root = SetRoot(*worker, args);
+  if (args.op == OpType::kAlltoall) ResolveSplits(*worker, &args);
+  const int handle = ReserveHandle(*worker, q);
   entry->handle = handle;
   try {
+    if (q.device != kCpuDevice) {
+      entry->ready = gpu_->PrepareEnqueue(std::string(OpTypeName(args.op)) + " '" + q.name + "'",
+                                          q.device, args.stream);
+      // Ranks negotiate the kind of device, not its index: each rank drives
+      // its own GPU (its index stays in the buffers), and a cached response
+      // must serve every rank.
+      q.device = 0;
+    }
+    entry->inputs = std::move(args.inputs);
+    entry->outputs = std::move(args.outputs);
+    entry->splits = std::move(args.splits);
     worker->Enqueue(std::move(entry));
   } catch (...) {
     handles_.Discard(handle);
@@ -198,23 +287,34 @@ int Runtime::Enqueue(EnqueueArgs args) {
   return handle;
 }
 
-int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id) {
-  std::sort(ranks.begin(), ranks.end());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= mpi_->size() || (i && ranks[i] == ranks[i - 1])) {
-      throw InvalidArgument("process set " + RankListString(ranks) +
-                            ": ranks must be distinct and in [0, " + std::to_string(mpi_->size()) +
-                            ")");
+void Runtime::CheckNewSet(const std::string& caller, std::vector<int>* ranks,
+                          const std::map<int, std::vector<int>>& known) const {
+  std::sort(ranks->begin(), ranks->end());
+  const std::string subject = caller + " on rank " + std::to_string(mpi_->rank());
+  for (size_t i = 0; i < ranks->size(); ++i) {
+    int r = (*ranks)[i];
+    if (r < 0 || r >= mpi_->size() || (i && r == (*ranks)[i - 1])) {
+      throw InvalidArgument(subject + ": process set " + RankListString(*ranks) +
+                            ": ranks must be distinct global ranks in [0, " +
+                            std::to_string(mpi_->size()) + ")");
     }
   }
-  if (ranks.empty()) throw InvalidArgument("a process set needs at least one rank");
-  for (const auto& kv : set_ranks_) {
-    if (kv.second == ranks) {
-      throw InvalidArgument("Attempted to add a duplicate process set: ranks " +
-                            RankListString(ranks) + " are already process set " +
-                            std::to_string(kv.first));
+  if (ranks->empty()) {
+    throw InvalidArgument(subject + ": a process set needs at least one rank");
+  }
+  for (const auto& kv : known) {
+    if (kv.second == *ranks) {
+      throw InvalidArgument(subject + ": Attempted to add a duplicate process set: ranks " +
+                            RankListString(*ranks) + " are already " +
+                            DescribeSet(kv.first, kv.second) +
+                            ". Register each set of ranks once and reuse it (the global set "
+                            "always exists, as hvd.global_process_set).");
     }
   }
+}
+
+int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::string& caller) {
+  CheckNewSet(caller, &ranks, set_ranks_);
   MPI_Comm comm = mpi_->comm();
   // Every rank must be registering the same set: compare a digest.
   uint64_t digest = 1469598103934665603ull;
@@ -222,9 +322,9 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id) {
   uint64_t minmax[2] = {digest, ~digest};
   HVD_MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, minmax, 2, MPI_UINT64_T, MPI_MIN, comm));
   if (minmax[0] != digest || ~minmax[1] != digest) {
-    throw InvalidArgument("add_process_set(" + RankListString(ranks) +
-                          "): ranks passed different process sets. Every rank of the job must "
-                          "call add_process_set with the same ranks, in the same order.");
+    throw InvalidArgument(caller + " on rank " + std::to_string(mpi_->rank()) + ": process set " +
+                          RankListString(ranks) + ": ranks passed different process sets. Every "
+                          "rank of the job must register the same ranks, in the same order.");
   }
   MPI_Group world_group, group;
   HVD_MPI_CHECK(comm, MPI_Comm_group(comm, &world_group));
@@ -257,7 +357,7 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id) {
 
 int Runtime::AddProcessSet(std::vector<int> ranks) {
   std::lock_guard<std::mutex> lock(sets_mu_);
-  return RegisterLocked(std::move(ranks));
+  return RegisterLocked(std::move(ranks), -1, "hvd.add_process_set");
 }
 
 bool Runtime::RemoveProcessSet(int id) {
@@ -274,6 +374,8 @@ bool Runtime::RemoveProcessSet(int id) {
     free_ids_.push_back(id);
   }
   if (worker) worker->Shutdown();
+  // Its id may be given to a new set: the failed ops' names must not block it.
+  handles_.ReleaseNames(id);
   MPI_Comm comm = mpi_->comm();
   HVD_MPI_CHECK(comm, MPI_Barrier(comm));
   return true;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/engine_stats.h"
@@ -44,7 +45,7 @@ struct EnqueueArgs {
   double postscale = 1.0;
   std::vector<BufferDesc> inputs;
   std::vector<BufferDesc> outputs;
-  std::vector<std::vector<int64_t>> splits;
+  std::vector<std::vector<int64_t>> splits;  // alltoall: rows per rank; empty: equal
   void* stream = nullptr;  // CUDA inputs: their producer's stream (a cudaStream_t)
 };
 
@@ -82,8 +83,17 @@ class Runtime {
   void StopTimeline();
 
   // Validates, registers a handle and hands the op to its process set.
-  // Throws InvalidArgument for the caller's mistakes (nothing is enqueued).
+  // Throws InvalidArgument for the caller's mistakes (nothing is enqueued):
+  // the engine's rules (process set and membership, root, splits, names in
+  // flight) are checked here and nowhere else.
   int Enqueue(EnqueueArgs args);
+
+  // (this rank's index, size) in `process_set`, for callers that shape
+  // buffers by it; throws Enqueue's InvalidArgument for a set that is
+  // unknown or that this rank is not a member of. `op` and `name` label the
+  // message.
+  std::pair<int, int> MemberRankSize(const std::string& op, const std::string& name,
+                                     int process_set) const;
 
   // Collective over the whole job. Returns the new id.
   int AddProcessSet(std::vector<int> ranks);
@@ -93,8 +103,28 @@ class Runtime {
   std::vector<int> ProcessSetIds() const;
 
  private:
+  // Enqueue's steps. The worker of a set this rank is a member of.
+  std::shared_ptr<ProcessSetWorker> MemberWorker(const std::string& op, const std::string& name,
+                                                 int process_set) const;
+  // The request from the buffers (one device and dtype for all inputs).
+  Request DescribeRequest(const EnqueueArgs& args) const;
+  // Broadcast: the global root's index in the set.
+  int SetRoot(const ProcessSetWorker& worker, const EnqueueArgs& args) const;
+  // Alltoall: checks the splits against the set and the rows, or fills in
+  // equal splits when none were given.
+  void ResolveSplits(const ProcessSetWorker& worker, EnqueueArgs* args) const;
+  // A handle holding the op's name (refused while another op holds it).
+  int ReserveHandle(const ProcessSetWorker& worker, const Request& q);
+
+  // Error text: "allreduce 'name' on rank 3", and a set with its ranks.
+  std::string Subject(const std::string& op, const std::string& name) const;
+  std::string DescribeSet(int id, const std::vector<int>& ranks) const;
+  // Sorts `ranks` and checks them as a new set next to the `known` ones
+  // (in range, distinct, not a duplicate). `caller` labels the message.
+  void CheckNewSet(const std::string& caller, std::vector<int>* ranks,
+                   const std::map<int, std::vector<int>>& known) const;
   // `id` < 0: the next free id.
-  int RegisterLocked(std::vector<int> ranks, int id = -1);
+  int RegisterLocked(std::vector<int> ranks, int id, const std::string& caller);
 
   Config config_;
   std::unique_ptr<MpiContext> mpi_;

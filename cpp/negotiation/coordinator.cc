@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace hvdcompat {
@@ -56,9 +57,151 @@ std::string TrailingDims(const std::vector<Shape>& shapes) {
   return s;
 }
 
+// One row's requests as the checks see them: who submitted, whether they
+// agree on a field, and each rank's value of it for the message.
+class RowView {
+ public:
+  RowView(const std::vector<Request>& requests, const std::vector<bool>& have,
+          const std::vector<int>& global_ranks)
+      : requests_(requests), global_ranks_(global_ranks) {
+    for (size_t r = 0; r < have.size(); ++r) {
+      if (have[r]) who_.push_back(static_cast<int>(r));
+    }
+  }
+
+  const Request& first() const { return requests_[who_[0]]; }
+  int global_rank(int set_rank) const { return global_ranks_[set_rank]; }
+
+  bool Differ(const std::function<bool(const Request&, const Request&)>& same) const {
+    for (int r : who_) {
+      if (!same(first(), requests_[r])) return true;
+    }
+    return false;
+  }
+
+  std::string Values(const std::function<std::string(const Request&)>& f) const {
+    std::vector<std::pair<int, std::string>> v;
+    for (int r : who_) v.emplace_back(global_ranks_[r], f(requests_[r]));
+    return ByRank(v);
+  }
+
+ private:
+  const std::vector<Request>& requests_;
+  const std::vector<int>& global_ranks_;
+  std::vector<int> who_;  // set ranks that submitted
+};
+
+// Ranks that disagree on one property of an op.
+struct Disagreement {
+  std::string what;    // e.g. "dtype"
+  std::string detail;  // each rank's value
+  std::string advice;
+};
+
+constexpr const char* kSameCall =
+    "Every rank must call the same operation for a given name, with the same dtype and "
+    "compatible shapes.";
+
+Response FirstResponse(const std::string& name, const Request& first) {
+  Response p;
+  p.op = first.op;
+  p.dtype = first.dtype;
+  p.reduce_op = first.reduce_op;
+  p.root = first.root;
+  p.device = first.device;
+  p.prescale = first.prescale;
+  p.postscale = first.postscale;
+  p.auto_named = first.auto_named;
+  p.units.push_back({name, first.shapes});
+  return p;
+}
+
+// dtype and device: every op with tensors.
+std::optional<Disagreement> BufferMismatch(const RowView& v) {
+  if (v.Differ([](const Request& a, const Request& b) { return a.dtype == b.dtype; })) {
+    return Disagreement{
+        "dtype", v.Values([](const Request& q) { return std::string(DataTypeName(q.dtype)); }),
+        kSameCall};
+  }
+  if (v.Differ([](const Request& a, const Request& b) { return a.device == b.device; })) {
+    return Disagreement{"device", v.Values([](const Request& q) {
+                          return std::string(q.device == kCpuDevice ? "cpu" : "cuda");
+                        }),
+                        "Place the tensor on the same kind of device on every rank."};
+  }
+  return std::nullopt;
+}
+
+// The op's own arguments: reduce op and scale factors, or the root.
+std::optional<Disagreement> ArgumentMismatch(const RowView& v) {
+  const OpType op = v.first().op;
+  if (op == OpType::kAllreduce || op == OpType::kReducescatter) {
+    if (v.Differ([](const Request& a, const Request& b) { return a.reduce_op == b.reduce_op; })) {
+      return Disagreement{
+          "the reduce op",
+          v.Values([](const Request& q) { return std::string(ReduceOpName(q.reduce_op)); }),
+          "Pass the same op= on every rank."};
+    }
+    if (v.Differ([](const Request& a, const Request& b) {
+          return a.prescale == b.prescale && a.postscale == b.postscale;
+        })) {
+      return Disagreement{"scale factors", v.Values([](const Request& q) {
+                            return "prescale " + Fmt(q.prescale) + ", postscale " +
+                                   Fmt(q.postscale);
+                          }),
+                          "Pass the same prescale_factor and postscale_factor on every rank."};
+    }
+  }
+  if (op == OpType::kBroadcast &&
+      v.Differ([](const Request& a, const Request& b) { return a.root == b.root; })) {
+    return Disagreement{
+        "the root rank",
+        v.Values([&](const Request& q) { return std::to_string(v.global_rank(q.root)); }),
+        "Pass the same root_rank on every rank."};
+  }
+  return std::nullopt;
+}
+
+// The group's length, then its shapes (allgather and alltoall: all but dimension 0).
+std::optional<Disagreement> ShapeMismatch(const RowView& v) {
+  const Request& first = v.first();
+  if (v.Differ([](const Request& a, const Request& b) { return a.shapes.size() == b.shapes.size(); })) {
+    return Disagreement{"the number of tensors in the group",
+                        v.Values([](const Request& q) { return std::to_string(q.shapes.size()); }),
+                        "Grouped operations need the same list length on every rank."};
+  }
+  if (first.op != OpType::kAllgather && first.op != OpType::kAlltoall) {
+    if (v.Differ([](const Request& a, const Request& b) { return a.shapes == b.shapes; })) {
+      return Disagreement{"tensor shape",
+                          v.Values([](const Request& q) { return ShapesString(q.shapes); }),
+                          kSameCall};
+    }
+    return std::nullopt;
+  }
+  bool bad = v.Differ([](const Request& a, const Request& b) {
+    for (size_t i = 0; i < a.shapes.size(); ++i) {
+      if (a.shapes[i].size() != b.shapes[i].size()) return false;
+      if (a.shapes[i].empty()) return false;  // scalars cannot be concatenated
+      for (size_t d = 1; d < a.shapes[i].size(); ++d) {
+        if (a.shapes[i][d] != b.shapes[i][d]) return false;
+      }
+    }
+    return true;
+  });
+  if (bad || first.shapes.empty() || first.shapes[0].empty()) {
+    return Disagreement{
+        "tensor shape (all dimensions but the first must match)",
+        v.Values([](const Request& q) { return TrailingDims(q.shapes) + " from " + ShapesString(q.shapes); }),
+        std::string(OpTypeName(first.op)) + " concatenates along dimension 0; the other "
+        "dimensions must be equal on every rank."};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(int size, std::vector<int> global_ranks, int process_set_id)
+
     : size_(size),
       global_ranks_(std::move(global_ranks)),
       process_set_id_(process_set_id),
@@ -116,130 +259,41 @@ std::string Coordinator::RankList(const std::vector<int>& set_ranks) const {
 }
 
 Response Coordinator::Validate(const std::string& name, const Row& row) const {
-  std::vector<int> who;
-  for (int r = 0; r < size_; ++r) {
-    if (row.have[r]) who.push_back(r);
-  }
-  const Request& first = row.requests[who[0]];
-  Response p;
-  p.op = first.op;
-  p.dtype = first.dtype;
-  p.reduce_op = first.reduce_op;
-  p.root = first.root;
-  p.device = first.device;
-  p.prescale = first.prescale;
-  p.postscale = first.postscale;
-  p.auto_named = first.auto_named;
-  p.units.push_back({name, first.shapes});
-
-  const char* op = OpTypeName(first.op);
-  std::string where = process_set_id_ == 0
-                          ? std::string()
-                          : " in process set " + std::to_string(process_set_id_);
-  auto fail = [&](const std::string& what, const std::string& detail, const std::string& advice) {
-    p.error = std::string(op) + " '" + name + "'" + where + ": ranks disagree on " + what + ": " +
-              detail + ". " + advice;
+  RowView view(row.requests, row.have, global_ranks_);
+  Response p = FirstResponse(name, view.first());
+  const char* op = OpTypeName(p.op);
+  const std::string where = process_set_id_ == 0
+                                ? std::string()
+                                : " in process set " + std::to_string(process_set_id_);
+  auto fail = [&](std::string error) {
+    p.error = std::move(error);
     p.error_code = StatusCode::kPrecondition;
     return p;
   };
-  auto values = [&](const std::function<std::string(const Request&)>& f) {
-    std::vector<std::pair<int, std::string>> v;
-    for (int r : who) v.emplace_back(global_ranks_[r], f(row.requests[r]));
-    return ByRank(v);
-  };
-  auto differ = [&](const std::function<bool(const Request&, const Request&)>& same) {
-    for (int r : who) {
-      if (!same(first, row.requests[r])) return true;
-    }
-    return false;
-  };
-  const std::string same_call =
-      "Every rank must call the same operation for a given name, with the same dtype and "
-      "compatible shapes.";
-
-  if (differ([](const Request& a, const Request& b) { return a.op == b.op; })) {
-    p.error = std::string("tensor '") + name + "'" + where +
-              ": ranks submitted different operations under one name: " +
-              values([](const Request& q) { return std::string(OpTypeName(q.op)); }) +
-              ". Give each collective its own name, and call them in the same order on every "
-              "rank.";
-    p.error_code = StatusCode::kPrecondition;
-    return p;
+  if (view.Differ([](const Request& a, const Request& b) { return a.op == b.op; })) {
+    return fail("tensor '" + name + "'" + where +
+                ": ranks submitted different operations under one name: " +
+                view.Values([](const Request& q) { return std::string(OpTypeName(q.op)); }) +
+                ". Give each collective its own name, and call them in the same order on every "
+                "rank.");
   }
-  if (joined_count_ > 0 && first.op != OpType::kAllreduce) {
+  if (joined_count_ > 0 && p.op != OpType::kAllreduce) {
     std::vector<int> joined;
     for (int r = 0; r < size_; ++r) {
       if (joined_[r]) joined.push_back(r);
     }
-    p.error = std::string(op) + " '" + name + "'" + where + " is not supported while rank(s) " +
-              RankList(joined) +
-              " have called hvd.join(); only allreduce can run while ranks are joined (joined "
-              "ranks contribute zeros). Finish " + op + " calls before joining.";
-    p.error_code = StatusCode::kPrecondition;
-    return p;
+    return fail(std::string(op) + " '" + name + "'" + where + " is not supported while rank(s) " +
+                RankList(joined) +
+                " have called hvd.join(); only allreduce can run while ranks are joined (joined "
+                "ranks contribute zeros). Finish " + op + " calls before joining.");
   }
-  if (first.op == OpType::kBarrier) return p;
-  if (differ([](const Request& a, const Request& b) { return a.dtype == b.dtype; })) {
-    return fail("dtype", values([](const Request& q) { return std::string(DataTypeName(q.dtype)); }),
-                same_call);
-  }
-  if (differ([](const Request& a, const Request& b) { return a.device == b.device; })) {
-    return fail("device",
-                values([](const Request& q) {
-                  return std::string(q.device == kCpuDevice ? "cpu" : "cuda");
-                }),
-                "Place the tensor on the same kind of device on every rank.");
-  }
-  if (first.op == OpType::kAllreduce || first.op == OpType::kReducescatter) {
-    if (differ([](const Request& a, const Request& b) { return a.reduce_op == b.reduce_op; })) {
-      return fail("the reduce op",
-                  values([](const Request& q) { return std::string(ReduceOpName(q.reduce_op)); }),
-                  "Pass the same op= on every rank.");
-    }
-    if (differ([](const Request& a, const Request& b) {
-          return a.prescale == b.prescale && a.postscale == b.postscale;
-        })) {
-      return fail("scale factors",
-                  values([](const Request& q) {
-                    return "prescale " + Fmt(q.prescale) + ", postscale " + Fmt(q.postscale);
-                  }),
-                  "Pass the same prescale_factor and postscale_factor on every rank.");
-    }
-  }
-  if (first.op == OpType::kBroadcast &&
-      differ([](const Request& a, const Request& b) { return a.root == b.root; })) {
-    return fail("the root rank",
-                values([&](const Request& q) { return std::to_string(global_ranks_[q.root]); }),
-                "Pass the same root_rank on every rank.");
-  }
-  if (differ([](const Request& a, const Request& b) { return a.shapes.size() == b.shapes.size(); })) {
-    return fail("the number of tensors in the group",
-                values([](const Request& q) { return std::to_string(q.shapes.size()); }),
-                "Grouped operations need the same list length on every rank.");
-  }
-  bool dim0_may_differ = first.op == OpType::kAllgather || first.op == OpType::kAlltoall;
-  if (dim0_may_differ) {
-    bool bad = differ([](const Request& a, const Request& b) {
-      for (size_t i = 0; i < a.shapes.size(); ++i) {
-        if (a.shapes[i].size() != b.shapes[i].size()) return false;
-        if (a.shapes[i].empty()) return false;  // scalars cannot be concatenated
-        for (size_t d = 1; d < a.shapes[i].size(); ++d) {
-          if (a.shapes[i][d] != b.shapes[i][d]) return false;
-        }
-      }
-      return true;
-    });
-    if (bad || first.shapes.empty() || first.shapes[0].empty()) {
-      return fail("tensor shape (all dimensions but the first must match)",
-                  values([](const Request& q) { return TrailingDims(q.shapes) + " from " + ShapesString(q.shapes); }),
-                  std::string(op) + " concatenates along dimension 0; the other dimensions "
-                  "must be equal on every rank.");
-    }
-  } else if (differ([](const Request& a, const Request& b) { return a.shapes == b.shapes; })) {
-    return fail("tensor shape", values([](const Request& q) { return ShapesString(q.shapes); }),
-                same_call);
-  }
-  return p;
+  if (p.op == OpType::kBarrier) return p;
+  std::optional<Disagreement> d = BufferMismatch(view);
+  if (!d) d = ArgumentMismatch(view);
+  if (!d) d = ShapeMismatch(view);
+  if (!d) return p;
+  return fail(std::string(op) + " '" + name + "'" + where + ": ranks disagree on " + d->what +
+              ": " + d->detail + ". " + d->advice);
 }
 
 std::vector<Response> Coordinator::TakeReady() {

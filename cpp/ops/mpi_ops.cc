@@ -5,6 +5,7 @@
 
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
+#include "ops/mpi_network_ops.h"
 
 namespace hvdcompat {
 
@@ -52,6 +53,7 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
     hierarchy_ = std::make_unique<MpiHierarchy>(comm_, config);
   }
   PreferRingNonblockingAllreduce();
+  network_ = NetworkAllreduce::Create(comm_, ops_, config, stats_);
 }
 
 void MpiBackend::Wait(MPI_Request* request, const char* what) {
@@ -205,6 +207,15 @@ void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
         pieces.push_back({z, z, count, 1.0});
       }
     }
+  }
+  if (network_) {
+    std::vector<NetworkPiece> net;
+    net.reserve(pieces.size());
+    for (const auto& p : pieces) net.push_back({p.in, p.out, p.count, p.pre});
+    return Timed("MPI_ALLREDUCE", [&] {
+      network_->Allreduce(net, r.dtype, r.reduce_op, post, PostInDouble(r.reduce_op),
+                          inplace_min_bytes_);
+    });
   }
   const bool widen = HostReduceType(r.dtype) != r.dtype;
   std::vector<Piece> streamed;

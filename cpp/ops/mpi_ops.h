@@ -16,6 +16,7 @@
 namespace hvdcompat {
 
 class MpiHierarchy;
+class NetworkAllreduce;
 
 // Note [Streaming fused allreduce]
 // A fused allreduce never packs the whole fused payload at once. It fills a
@@ -86,6 +87,8 @@ class MpiBackend : public CollectiveBackend {
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
   // Node and cross-node communicators; only with a hierarchical knob set.
   std::unique_ptr<MpiHierarchy> hierarchy_;
+  // The network plan of the host allreduce; null on the host plan (Note [Link plans]).
+  std::unique_ptr<NetworkAllreduce> network_;
   EngineStats* stats_;
 };
 

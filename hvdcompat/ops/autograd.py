@@ -104,7 +104,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def _narrow_to_own_rows(grads, dims, process_set):
     """This rank's rows of each gathered gradient (offsets from every rank's dim 0)."""
-    set_rank, _ = _set_rank_size(process_set, "Allgather")
+    set_rank, _ = _set_rank_size(process_set, "allgather")
     rows = synchronize(allgather_async(torch.tensor([dims], dtype=torch.int64),
                                        process_set=process_set))
     return [g.narrow(0, int(rows[:set_rank, i].sum().item()), dims[i])
@@ -213,7 +213,7 @@ class HorovodReducescatter(torch.autograd.Function):
 def _scaled_grad(grad, ctx):
     g = grad.contiguous().clone()
     if ctx.op == Sum:
-        g *= _set_rank_size(ctx.process_set, "Reducescatter")[1]
+        g *= _set_rank_size(ctx.process_set, "reducescatter")[1]
     if ctx.prescale_factor != 1.0:
         g *= ctx.prescale_factor
     if ctx.postscale_factor != 1.0:

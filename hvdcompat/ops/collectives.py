@@ -42,22 +42,14 @@ def handle_average_backwards_compatibility(op, average):
     return Average
 
 
-def _set_rank_size(process_set, op):
-    """(this rank's index, size) in `process_set`; ValueError for non-members."""
-    if process_set.process_set_id is None:
-        raise ValueError(f"{op}: Process set provided does not exist, or has not been "
-                         "registered.")
-    info = _core.process_set_info(process_set.process_set_id) if _core.is_initialized() else None
-    if info is None:
-        if not _core.is_initialized():
-            raise ValueError("Horovod has not been initialized; use hvd.init().")
-        raise ValueError(f"{op}: Process set provided does not exist, or has not been "
-                         "registered.")
-    ranks, included, r = info
-    if not included:
-        raise ValueError(f"{op}: Rank {_core.rank()} is not a member of the provided process set "
-                         f"{ranks}. Only members may call collectives on it.")
-    return r, len(ranks)
+def _set_rank_size(process_set, op, name=None):
+    """(this rank's index, size) in `process_set`.
+
+    The core raises ValueError (the same as enqueue's) when the set is not
+    registered or this rank is not a member.
+    """
+    pid = process_set.process_set_id
+    return tuple(_core.process_set_member(-1 if pid is None else pid, op, name or ""))
 
 
 _ADASUM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -198,10 +190,7 @@ def _check_root(root_rank, op_name, name):
         except (TypeError, ValueError):
             raise ValueError(f"{op_name} '{name}': root_rank must be an int, got "
                              f"{root_rank!r}") from None
-    if _core.is_initialized() and not 0 <= root_rank < _core.size():
-        raise ValueError(f"{op_name} received invalid root rank {root_rank} for tensor '{name}': "
-                         f"it must be a global rank in [0, {_core.size()}).")
-    return root_rank
+    return root_rank  # the core checks it is a member of the process set
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set, finish):
@@ -230,15 +219,13 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def _splits_list(tensor, splits, set_size, name):
-    rows = tensor.shape[0]
+def _splits_list(splits, name):
+    """The core's split lists: [] (equal splits) or [rows per rank].
+
+    The core checks them against the process set and the tensor.
+    """
     if splits is None:
-        if rows % set_size:
-            raise ValueError(
-                f"alltoall '{name}': splits not provided, but first dimension of tensor is not "
-                f"an even multiple of the number of workers ({rows} rows, {set_size} ranks). "
-                "Pass splits=[rows for each rank].")
-        return [rows // set_size] * set_size
+        return []
     if isinstance(splits, torch.Tensor):
         if splits.dim() != 1:
             raise ValueError(f"alltoall '{name}': alltoall expects a 1D splits tensor (got "
@@ -249,15 +236,7 @@ def _splits_list(tensor, splits, set_size, name):
         values = [int(v) for v in splits.cpu().tolist()]
     else:
         values = [int(v) for v in splits]
-    if len(values) != set_size:
-        raise ValueError(f"alltoall '{name}': Number of entries in splits ({len(values)}) does not "
-                         f"equal number of workers ({set_size}).")
-    if any(v < 0 for v in values):
-        raise ValueError(f"alltoall '{name}': splits must be non-negative, got {values}")
-    if sum(values) > rows:
-        raise ValueError(f"alltoall '{name}': Sum of splits entries ({sum(values)}) is greater "
-                         f"than the first dimension of tensor ({rows}).")
-    return values
+    return [values]
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
@@ -272,10 +251,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         A handle; :func:`synchronize` returns ``(output, received_splits)``.
     """
     _tensor.require_tensor(tensor, "alltoall", name)
-    if tensor.dim() == 0:
-        raise ValueError(f"alltoall '{name}': cannot alltoall a scalar (0-dim) tensor.")
-    _, set_size = _set_rank_size(process_set, "Alltoall")
-    values = _splits_list(tensor, splits, set_size, name)
+    split_lists = _splits_list(splits, name)
     desc = _describe_all([tensor], "alltoall", name)
     if isinstance(splits, torch.Tensor):
         make_recv = lambda v: torch.tensor(v, dtype=splits.dtype).to(splits.device)  # noqa: E731
@@ -286,7 +262,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return torch.from_dlpack(outs[0]), make_recv(received[0])
 
     return _enqueue("alltoall", "alltoall", name, process_set.process_set_id, desc, [], finish,
-                    (tensor,), splits=[values])
+                    (tensor,), splits=split_lists)
 
 
 def _reducescatter_shape(tensor, set_rank, set_size):
@@ -316,7 +292,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """
     _check_reducescatter([tensor], op, name)
     _check_reduce_op(op, "reducescatter", name, [tensor])
-    set_rank, set_size = _set_rank_size(process_set, "Reducescatter")
+    set_rank, set_size = _set_rank_size(process_set, "reducescatter", name)
     output = _tensor.empty_like_contiguous(tensor, _reducescatter_shape(tensor, set_rank, set_size))
     ins = _describe_all([tensor], "reducescatter", name)
     outs = _describe_all([output], "reducescatter", name)
@@ -355,10 +331,8 @@ def barrier(process_set=global_process_set):
     Pending asynchronous ops do not hold it up.
     """
     pid = process_set.process_set_id
-    if pid is not None and _core.is_initialized():
-        _set_rank_size(process_set, "Barrier")
-    session = _session.current()
-    k = session.barrier_counts.get(pid, 0)
+    session = _session.get()  # None before init: the core's error comes from _enqueue
+    k = session.barrier_counts.get(pid, 0) if session is not None else 0
     handle = _enqueue("barrier", "barrier", f"{k}", pid if pid is not None else -1, [], [],
                       lambda o, s, j: None, ())
     session.barrier_counts[pid] = k + 1

@@ -119,7 +119,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     tensors = _as_list(tensors, "grouped_reducescatter")
     _check_reducescatter(tensors, op, name)
     _check_reduce_op(op, "grouped_reducescatter", name, tensors)
-    set_rank, set_size = _set_rank_size(process_set, "Reducescatter")
+    set_rank, set_size = _set_rank_size(process_set, "grouped_reducescatter", name)
 
     def launch(ts, nm):
         outputs = [_tensor.empty_like_contiguous(t, _reducescatter_shape(t, set_rank, set_size))

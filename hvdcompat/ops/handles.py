@@ -1,13 +1,9 @@
 """Handles of asynchronous ops: enqueue, poll, synchronize, and op naming.
 
-The handle table, the name counters and the names in use belong to the
-running session (Note [One owner of Python state] in hvdcompat/_session.py):
+The handle table and the name counters belong to the running session
+(Note [One owner of Python state] in hvdcompat/_session.py):
 ``session.handles`` holds every tensor the core reads or writes until the op
-completes (the core keeps raw pointers). A name stays taken
-(``session.names_in_use``) until its caller has seen the op finish
-(synchronize, or poll returning True), not merely until the engine finishes
-it: the engine can complete an op between two Python calls, and whether a
-repeated name was refused must not depend on that timing.
+completes (the core keeps raw pointers).
 """
 
 from hvdcompat import _gpu, _session
@@ -19,13 +15,12 @@ __all__ = ["poll", "synchronize"]
 
 
 class _Pending:
-    __slots__ = ("keep", "finish", "device", "name_key")
+    __slots__ = ("keep", "finish", "device")
 
-    def __init__(self, keep, finish, device, name_key):
+    def __init__(self, keep, finish, device):
         self.keep = keep
         self.finish = finish
         self.device = device  # CUDA device index of the op's tensors, -1 for host
-        self.name_key = name_key
 
 
 def _composite(handles, assemble):
@@ -37,14 +32,9 @@ def _composite(handles, assemble):
     return cid
 
 
-def _release_name(session, handle, pending):
-    if session.names_in_use.get(pending.name_key) == handle:
-        del session.names_in_use[pending.name_key]
-
-
 def _full_name(session, prefix, name, process_set_id):
     if name is None:
-        k = session.noname_counts.get(process_set_id, 0)
+        k = session.noname_counts.get(process_set_id, 0) if session is not None else 0
         return f"{prefix}.noname.{k}", True
     return f"{prefix}.{name}", False
 
@@ -55,28 +45,18 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
 
     `inputs`/`outputs` are core buffer tuples; `keep` holds the tensors they
     point into; `finish(outs, received_splits, join_rank)` builds the result.
+    The core checks the engine's rules (initialised, process set and
+    membership, root, splits, a name still in flight) and raises ValueError.
     """
-    session = _session.current()
+    session = _session.get()  # None before init: the core raises its error for that
     if process_set_id is None:
-        # A ProcessSet never registered, or removed (remove_process_set clears its id).
-        raise ValueError(f"{op.capitalize()} '{prefix if name is None else name}': Process set "
-                         "provided does not exist, or has not been registered. Register it "
-                         "with hvd.add_process_set or hvd.init(process_sets=...).")
+        process_set_id = -1  # never registered, or removed: the core says so
     full, auto = _full_name(session, prefix, name, process_set_id)
-    key = (process_set_id, full)
-    if key in session.names_in_use:
-        raise ValueError(
-            f"{op} '{full}': an operation with this name is still in flight on rank "
-            f"{_core.rank()} (its handle has not been synchronized). Requested to allreduce, "
-            "allgather, or broadcast a tensor with the same name as another tensor that is "
-            "currently being processed. Wait for the first one (hvd.synchronize) or use a "
-            "different name.")
     handle = _core.enqueue(_core.OPS[op], full, auto, process_set_id, reduce_op, root,
                            float(prescale), float(postscale), inputs, outputs, list(splits))
     if auto:
         session.noname_counts[process_set_id] = session.noname_counts.get(process_set_id, 0) + 1
-    session.handles[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1, key)
-    session.names_in_use[key] = handle
+    session.handles[handle] = _Pending(keep, finish, inputs[0][3] if inputs else -1)
     return handle
 
 
@@ -98,10 +78,7 @@ def poll(handle):
     pending = session.handles.get(handle) if session is not None else None
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    done = _core.poll(handle)
-    if done:
-        _release_name(session, handle, pending)
-    return done
+    return _core.poll(handle)  # True also frees the op's name in the core
 
 
 def synchronize(handle):
@@ -143,7 +120,6 @@ def synchronize(handle):
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
         session.handles.pop(handle, None)
-        _release_name(session, handle, pending)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)

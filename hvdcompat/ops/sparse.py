@@ -76,7 +76,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         raise ValueError(f"sparse_allreduce_async '{name}': only op=hvd.Average or hvd.Sum can be "
                          f"computed by gathering sparse entries (got op={op!r}). Convert to dense "
                          "and use hvd.allreduce for other reductions.")
-    _, set_size = _set_rank_size(process_set, "Allreduce")
+    _, set_size = _set_rank_size(process_set, "sparse_allreduce_async", name)
     # (sparse_dim, nnz) -> (nnz, sparse_dim) so the allgather concatenates entries.
     indices = tensor._indices().t().contiguous()
     values = tensor._values().contiguous()

@@ -120,6 +120,7 @@ PARALLEL_SELECTION = [
     "tests/parallel/test_topology.py::test_ddp_bootstrap_takes_local_rank_and_address_from_the_topology",
     "tests/parallel/test_allreduce.py::test_op_matches_local_reference",
     "tests/parallel/test_allreduce.py::test_many_async_ops_complete_in_any_synchronize_order",
+    "tests/parallel/test_network_plan.py::test_auto_plan_follows_the_topology",
     "tests/parallel/test_allgather.py::test_blocks_in_rank_order",
     "tests/parallel/test_broadcast.py::test_out_of_place_from_every_root",
     "tests/parallel/test_alltoall.py::test_explicit_splits_with_zeros",

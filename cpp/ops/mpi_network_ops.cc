@@ -1,0 +1,315 @@
+#include "ops/mpi_network_ops.h"
+
+#include <algorithm>
+#include <climits>
+#include <deque>
+#include <sstream>
+
+#include "core/logging.h"
+#include "ops/cpu_kernels.h"
+
+namespace hvdcompat {
+
+namespace {
+
+enum PlanCode : int64_t { kPlanAuto = 0, kPlanHost = 1, kPlanNetwork = 2 };
+
+PlanCode PlanOf(const std::string& plan) {
+  if (plan == "host") return kPlanHost;
+  if (plan == "network") return kPlanNetwork;
+  return kPlanAuto;
+}
+
+std::string Mib(int64_t bytes) {
+  std::ostringstream o;
+  if (bytes % (1 << 20) == 0) {
+    o << bytes / (1 << 20) << " MiB";
+  } else {
+    o << bytes << " bytes";
+  }
+  return o.str();
+}
+
+}  // namespace
+
+struct NetworkAllreduce::Segment {
+  struct Part {
+    const NetworkPiece* piece;
+    int64_t offset;  // elements into the piece
+    int64_t count;
+  };
+  const void* src = MPI_IN_PLACE;  // MPI_IN_PLACE or the (unscaled) input
+  char* dst = nullptr;             // reduced here (a tensor's output or a slot's buffer)
+  int64_t count = 0;
+  bool packed = false;
+  bool hier = false;
+  std::vector<Part> parts;  // packed: where each run of dst goes
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+struct NetworkAllreduce::Slot {
+  HostScratch pack;
+  HostScratch shard;
+  std::vector<int> counts, displs;  // the node's shards of the segment (hierarchical)
+  Segment seg;
+  // What Allreduce is reducing now (the same for every segment of a call).
+  DataType dtype = DataType::kFloat32;
+  DataType wire = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double post = 1.0;
+  bool post_in_double = false;
+};
+
+std::unique_ptr<NetworkAllreduce> NetworkAllreduce::Create(MPI_Comm comm, const MpiOps* ops,
+                                                           const Config& config,
+                                                           EngineStats* stats) {
+  // Rank 0's plan, segment size and depth hold for the whole set: the
+  // pipeline's call sequence must be the same on every rank.
+  int64_t chosen[3] = {PlanOf(config.link_plan), config.network_segment_bytes,
+                       config.network_pipeline_depth};
+  const int64_t mine[3] = {chosen[0], chosen[1], chosen[2]};
+  HVD_MPI_CHECK(comm, MPI_Bcast(chosen, 3, MPI_INT64_T, 0, comm));
+  int rank = 0;
+  HVD_MPI_CHECK(comm, MPI_Comm_rank(comm, &rank));
+  if (mine[0] != chosen[0] || mine[1] != chosen[1] || mine[2] != chosen[2]) {
+    HVD_LOG(kWarning) << "rank " << rank << ": HVDCOMPAT_LINK_PLAN, "
+                      << "HVDCOMPAT_NETWORK_SEGMENT_BYTES or HVDCOMPAT_NETWORK_PIPELINE_DEPTH "
+                      << "differ from rank 0's; using rank 0's values (plan "
+                      << (chosen[0] == kPlanHost ? "host" : chosen[0] == kPlanNetwork ? "network"
+                                                                                      : "auto")
+                      << ", segments " << chosen[1] << " bytes, depth " << chosen[2]
+                      << "); set them alike on every rank";
+  }
+  if (chosen[0] == kPlanHost) return nullptr;
+  Config agreed = config;
+  agreed.network_segment_bytes = chosen[1];
+  agreed.network_pipeline_depth = chosen[2];
+  std::unique_ptr<NetworkAllreduce> plan(new NetworkAllreduce(comm, ops, agreed, stats));
+  if (chosen[0] == kPlanAuto && plan->hosts_ < 2) return nullptr;
+  if (rank == 0) HVD_LOG(kInfo) << "host allreduce: " << plan->Describe();
+  return plan;
+}
+
+NetworkAllreduce::NetworkAllreduce(MPI_Comm comm, const MpiOps* ops, const Config& config,
+                                   EngineStats* stats)
+    : comm_(comm),
+      ops_(ops),
+      stats_(stats),
+      wait_(WaitPolicy::ForData(config)),
+      segment_bytes_(std::clamp<int64_t>(config.network_segment_bytes, 4096, int64_t{1} << 30)),
+      depth_(static_cast<int>(std::clamp<int64_t>(config.network_pipeline_depth, 1, 64))) {
+  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
+  const int64_t per_node = config.hierarchical_local_size;
+  if (per_node > 0) {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, static_cast<int>(rank_ / per_node), rank_,
+                                        &local_));
+  } else {
+    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                             &local_));
+  }
+  MPI_Comm_set_errhandler(local_, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(local_, MPI_Comm_rank(local_, &local_rank_));
+  HVD_MPI_CHECK(local_, MPI_Comm_size(local_, &local_size_));
+  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_));
+  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(cross_, MPI_Comm_size(cross_, &cross_size_));
+  int sizes[2] = {local_size_, -local_size_};  // min and -max local size
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
+  int leader = local_rank_ == 0 ? 1 : 0;
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(&leader, &hosts_, 1, MPI_INT, MPI_SUM, comm_));
+  homogeneous_ = sizes[0] == -sizes[1];
+  const bool layered = homogeneous_ && local_size_ > 1 && hosts_ > 1;
+  hierarchical_ = layered && (config.hierarchical_allreduce_set ? config.hierarchical_allreduce
+                                                                : true);
+  // What one rank puts on the link per segment is the segment size: a
+  // hierarchical segment is local_size shards of that size (and half as many
+  // waits on the host's other ranks as with shards of segment / local_size).
+  if (hierarchical_) segment_bytes_ = std::min<int64_t>(segment_bytes_ * local_size_, int64_t{1} << 30);
+  for (int i = 0; i < depth_; ++i) slots_.push_back(std::make_unique<Slot>());
+}
+
+NetworkAllreduce::~NetworkAllreduce() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&cross_, &local_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+}
+
+std::string NetworkAllreduce::Describe() const {
+  std::ostringstream o;
+  o << "network plan, " << hosts_ << " host(s) x ";
+  if (homogeneous_) {
+    o << local_size_;
+  } else {
+    o << "uneven numbers of";
+  }
+  o << " rank(s), " << (hierarchical_ ? "hierarchical" : "flat") << ", segments of "
+    << Mib(segment_bytes_);
+  if (hierarchical_) o << " (" << Mib(segment_bytes_ / local_size_) << " per rank across hosts)";
+  o << ", " << depth_
+    << " in flight";
+  return o.str();
+}
+
+void NetworkAllreduce::Wait(MPI_Request* request, const char* what) {
+  WaitRequest(request, comm_, wait_, what);
+}
+
+void NetworkAllreduce::Start(Segment& s, Slot& slot) {
+  MPI_Datatype type = ops_->Type(slot.wire);
+  MPI_Op op = ops_->Op(slot.op);
+  const int n = static_cast<int>(s.count);  // segments are far below INT_MAX
+  if (!s.hier) {
+    HVD_MPI_CHECK(comm_, MPI_Iallreduce(s.src, s.dst, n, type, op, comm_, &s.request));
+    return;
+  }
+  // Shard i of the host: n / L elements, the first n % L shards one more.
+  slot.counts.resize(local_size_);
+  slot.displs.resize(local_size_);
+  int at = 0;
+  for (int i = 0; i < local_size_; ++i) {
+    slot.counts[i] = n / local_size_ + (i < n % local_size_ ? 1 : 0);
+    slot.displs[i] = at;
+    at += slot.counts[i];
+  }
+  const int mine = slot.counts[local_rank_];
+  const size_t wsize = DataTypeSize(slot.wire);
+  char* shard = slot.shard.Reserve(static_cast<size_t>(mine) * wsize);
+  const void* send = s.src == MPI_IN_PLACE ? s.dst : s.src;
+  MPI_Request req;
+  HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, shard, slot.counts.data(), type, op, local_,
+                                           &req));
+  Wait(&req, "allreduce: reduce-scatter inside the host");
+  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, shard, mine, type, op, cross_, &s.request));
+  if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
+}
+
+void NetworkAllreduce::Finish(Segment& s, Slot& slot) {
+  Wait(&s.request, s.hier ? "allreduce of the host's shard across hosts" : "allreduce across hosts");
+  if (s.hier) {
+    MPI_Datatype type = ops_->Type(slot.wire);
+    const int mine = slot.counts[local_rank_];
+    MPI_Request req;
+    HVD_MPI_CHECK(comm_, MPI_Iallgatherv(slot.shard.Reserve(static_cast<size_t>(mine) *
+                                                             DataTypeSize(slot.wire)),
+                                         mine, type, s.dst, slot.counts.data(),
+                                         slot.displs.data(), type, local_, &req));
+    Wait(&req, "allreduce: allgather inside the host");
+  }
+  if (s.packed) {
+    const size_t esize = DataTypeSize(slot.dtype);
+    const size_t wsize = DataTypeSize(slot.wire);
+    int64_t at = 0;
+    for (const auto& p : s.parts) {
+      ConvertScale(p.piece->out + p.offset * esize, slot.dtype, s.dst + at * wsize, slot.wire,
+                   p.count, slot.post, slot.post_in_double);
+      at += p.count;
+    }
+  } else if (slot.post != 1.0) {
+    ScaleCopy(s.dst, s.dst, s.count, slot.dtype, slot.post, slot.post_in_double);
+  }
+  if (stats_) stats_->network_allreduces.fetch_add(1, std::memory_order_relaxed);
+}
+
+void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataType dtype,
+                                 ReduceOp op, double post, bool post_in_double,
+                                 int64_t inplace_min_bytes) {
+  const DataType wire = HostReduceType(dtype);
+  const bool widen = wire != dtype;
+  const size_t esize = DataTypeSize(dtype);
+  const size_t wsize = DataTypeSize(wire);
+  // Slot seq % depth_ is free once segment seq - depth_ has finished (FIFO).
+  std::deque<Slot*> inflight;
+  int64_t seq = 0;
+  auto acquire = [&]() -> Slot& {
+    if (static_cast<int>(inflight.size()) == depth_) {
+      Slot* oldest = inflight.front();
+      inflight.pop_front();
+      Finish(oldest->seg, *oldest);
+    }
+    Slot& slot = *slots_[static_cast<size_t>(seq++ % depth_)];
+    slot.dtype = dtype;
+    slot.wire = wire;
+    slot.op = op;
+    slot.post = post;
+    slot.post_in_double = post_in_double;
+    slot.seg = Segment();
+    return slot;
+  };
+  auto launch = [&](Slot& slot) {
+    // A segment smaller than the host's rank count would leave shards empty.
+    slot.seg.hier = hierarchical_ && slot.seg.count >= local_size_;
+    Start(slot.seg, slot);
+    inflight.push_back(&slot);
+  };
+
+  std::vector<const NetworkPiece*> packed;
+  for (const auto& p : pieces) {
+    const bool direct = !widen && (pieces.size() == 1 ||
+                                   static_cast<int64_t>(p.count * esize) >= inplace_min_bytes);
+    if (!direct) {
+      packed.push_back(&p);
+      continue;
+    }
+    // Equal segments of at most segment_bytes_ (no short tail segment).
+    const int64_t limit = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(esize));
+    const int64_t calls = (p.count + limit - 1) / limit;
+    const int64_t step = calls > 0 ? (p.count + calls - 1) / calls : 1;
+    for (int64_t off = 0; off < p.count; off += step) {
+      const int64_t n = std::min(step, p.count - off);
+      Slot& slot = acquire();
+      Segment& s = slot.seg;
+      const char* in = p.in + off * esize;
+      s.dst = p.out + off * esize;
+      s.count = n;
+      if (p.pre != 1.0) {
+        ScaleCopy(s.dst, in, n, dtype, p.pre);
+        s.src = MPI_IN_PLACE;
+      } else {
+        s.src = in == s.dst ? MPI_IN_PLACE : in;
+      }
+      launch(slot);
+    }
+  }
+  const int64_t chunk = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(wsize));
+  size_t pi = 0;
+  int64_t poff = 0;
+  while (pi < packed.size()) {
+    Slot& slot = acquire();
+    Segment& s = slot.seg;
+    s.packed = true;
+    s.dst = slot.pack.Reserve(static_cast<size_t>(chunk) * wsize);
+    int64_t filled = 0;
+    while (pi < packed.size() && filled < chunk) {
+      const NetworkPiece& p = *packed[pi];
+      const int64_t n = std::min(p.count - poff, chunk - filled);
+      if (n > 0) {
+        ConvertScale(s.dst + filled * wsize, wire, p.in + poff * esize, dtype, n, p.pre);
+        s.parts.push_back({&p, poff, n});
+        filled += n;
+        poff += n;
+      }
+      if (poff >= p.count) {
+        ++pi;
+        poff = 0;
+      }
+    }
+    if (filled == 0) {
+      // Only empty tensors were left: nothing to send, the slot stays free.
+      --seq;
+      break;
+    }
+    s.count = filled;
+    launch(slot);
+  }
+  while (!inflight.empty()) {
+    Slot* oldest = inflight.front();
+    inflight.pop_front();
+    Finish(oldest->seg, *oldest);
+  }
+}
+
+}  // namespace hvdcompat
