@@ -20,7 +20,7 @@ from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule l
 from hvdcompat import functions, optimizer, sync_batch_norm  # noqa: F401
 from hvdcompat import elastic  # noqa: F401  (hvd.elastic, as horovod.torch.elastic)
 
-__version__ = "0.1.0"
+from hvdcompat._version import __version__  # noqa: F401
 
 __all__ = (list(_basics_all) + list(_ops_all) + list(_functions_all)
            + ["DistributedOptimizer", "SyncBatchNorm", "HorovodInternalError",

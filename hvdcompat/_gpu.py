@@ -8,21 +8,16 @@ CUDA 13's ``site-packages/nvidia/cu13/lib``, ``torch/lib``) before that first lo
 already loaded is preferred over all of these.
 """
 
+import functools
 import glob
 import importlib.util
 import os
-import threading
 
-from hvdcompat.basics import _core, _on_init, _on_shutdown
+from hvdcompat import _session
+from hvdcompat._ext import _core
 
 __all__ = ["nccl_version", "cuda_available", "unavailable_reason", "library_info",
            "current_stream"]
-
-_lock = threading.Lock()
-_paths_given = [False]
-_reasons = {}  # HOROVOD_GPU_OPERATIONS=MPI? -> reason
-_running = [None]  # the running engine's answer
-
 
 def _package_dirs(name):
     """Directories of an installed (namespace) package, without importing it."""
@@ -45,16 +40,14 @@ def _candidates(components, pattern):
     return found
 
 
+@functools.cache
 def _give_search_paths():
-    with _lock:
-        if _paths_given[0]:
-            return
-        # Older torch wheels bundle copies under hashed names (libcudart-<hash>.so.11.0).
-        # CUDA 12 runtime wheels install nvidia/cuda_runtime/lib/libcudart.so.12,
-        # CUDA 13 ones nvidia/cu13/lib/libcudart.so.13; NCCL stays in nvidia/nccl/lib.
-        _core.set_gpu_search_paths(_candidates(("cuda_runtime", "cu13"), "libcudart*.so*"),
-                                   _candidates(("nccl",), "libnccl*.so*"))
-        _paths_given[0] = True
+    """Once per process (the core ignores paths given after its first load)."""
+    # Older torch wheels bundle copies under hashed names (libcudart-<hash>.so.11.0).
+    # CUDA 12 runtime wheels install nvidia/cuda_runtime/lib/libcudart.so.12,
+    # CUDA 13 ones nvidia/cu13/lib/libcudart.so.13; NCCL stays in nvidia/nccl/lib.
+    _core.set_gpu_search_paths(_candidates(("cuda_runtime", "cu13"), "libcudart*.so*"),
+                               _candidates(("nccl",), "libnccl*.so*"))
 
 
 def library_info():
@@ -84,28 +77,23 @@ def unavailable_reason():
     """Why CUDA tensors cannot run here ('' when they can).
 
     NCCL is needed unless ``HOROVOD_GPU_OPERATIONS=MPI``; the CUDA runtime and
-    a visible device always are. While initialised, the answer is cached
-    (every op on a CUDA tensor asks).
+    a visible device always are. While initialised, the answer is kept by the
+    session (every op on a CUDA tensor asks).
     """
-    if _running[0] is not None:
-        return _running[0]
-    _give_search_paths()
-    mpi = _gpu_operations_mpi()
-    reason = _reasons.get(mpi)
-    if reason is None:
-        reason = _core.gpu_unavailable_reason(mpi)
-        _reasons[mpi] = reason
-    if _core.is_initialized():
-        _running[0] = reason
+    session = _session.get()
+    if session is not None and session.gpu_unavailable_reason is not None:
+        return session.gpu_unavailable_reason
+    reason = _reason(_gpu_operations_mpi())
+    if session is not None:
+        session.gpu_unavailable_reason = reason
     return reason
 
 
-def _forget_running():
-    _running[0] = None
-
-
-_on_init.append(_forget_running)
-_on_shutdown.append(_forget_running)
+@functools.cache
+def _reason(gpu_operations_mpi):
+    """The core's answer; it does not change once the libraries were looked for."""
+    _give_search_paths()
+    return _core.gpu_unavailable_reason(gpu_operations_mpi)
 
 
 def cuda_available():

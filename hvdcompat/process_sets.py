@@ -7,9 +7,8 @@ communicator and negotiation state, so traffic on one set does not wait for
 another. ``root_rank`` arguments are always global ranks.
 """
 
-import weakref
-
-from hvdcompat.basics import _core, _require_init
+from hvdcompat import _session
+from hvdcompat._ext import _core
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
@@ -67,21 +66,39 @@ class ProcessSet:
         """Whether this process is a member (None when the ranks are unknown)."""
         if self.ranks is None:
             return None
-        from hvdcompat.basics import rank
-
-        return rank() in self.ranks
+        return _session.current().rank in self.ranks
 
     def __str__(self):
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
                 f"mpi_comm={self.mpi_comm})")
 
 
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
+class _GlobalProcessSet(ProcessSet):
+    """The set of every rank (id 0): its ranks are the running world's, [] when none runs."""
+
+    process_set_id = 0
+
+    def __init__(self):
+        super().__init__([])
+
+    @property
+    def ranks(self):
+        session = _session.get()
+        return list(range(session.size)) if session is not None else []
+
+    @ranks.setter
+    def ranks(self, value):
+        pass  # always the running world's ranks
+
+    def _invalidate(self):
+        pass  # the global set is never removed
+
+
+global_process_set = _GlobalProcessSet()
 
 
 def _info(process_set_id):
-    _require_init()
+    _session.current()
     info = _core.process_set_info(process_set_id)
     if info is None:
         # Unknown to the core (e.g. an id from before the last hvd.init()):
@@ -164,25 +181,22 @@ def _parse_init_argument(process_sets, comm=None):
     return False, static
 
 
-def _after_init(static):
-    global_process_set.ranks = list(range(_core.size()))
-    global_process_set.process_set_id = 0
-    _registered.clear()
+def _after_init(static, session):
+    """Gives the static sets their ids in the session `init` just began."""
     for ps, index in static.assignments:
         ps.process_set_id = None if index is None else index + 1
         if ps.process_set_id is not None:
-            _registered.add(ps)
+            session.process_sets.add(ps)
 
 
-# ProcessSet objects given an id in this runtime, so an elastic reset can
-# renumber their ranks (weak: the user owns them).
-_registered = weakref.WeakSet()
+def _after_reset(session):
+    """After an elastic reset: each set keeps its id with its surviving members' new ranks.
 
-
-def _after_reset():
-    """After an elastic reset: each set keeps its id with its surviving members' new ranks."""
-    global_process_set.ranks = list(range(_core.size()))
-    for ps in list(_registered):
+    `session` is the new world's (None when the reset left no engine running).
+    """
+    if session is None:
+        return
+    for ps in list(session.process_sets):
         info = _core.process_set_info(ps.process_set_id) if ps.process_set_id else None
         if info is None:
             ps._invalidate()
@@ -206,7 +220,7 @@ def add_process_set(process_set):
         ValueError: not initialised, dynamic mode off, a set with these ranks
             already exists, or ranks are out of range.
     """
-    _require_init()
+    session = _session.current()
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None:
@@ -217,7 +231,7 @@ def add_process_set(process_set):
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets after "
                          "Horovod initialization (or call hvd.init(process_sets='dynamic')).")
     process_set.process_set_id = _core.add_process_set(process_set.ranks)
-    _registered.add(process_set)
+    session.process_sets.add(process_set)
     return process_set
 
 
@@ -231,7 +245,7 @@ def remove_process_set(process_set):
     Raises:
         ValueError: not initialised or dynamic mode off.
     """
-    _require_init()
+    _session.current()
     if not _core.dynamic_process_sets():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow removing process sets "
                          "after Horovod initialization (or call hvd.init(process_sets='dynamic')).")

@@ -277,11 +277,10 @@ def _rank_pythonpath(environ):
     """PYTHONPATH for the ranks: this hvdcompat and the caller's script directory first."""
     import site
 
-    import hvdcompat
-
     entries = environ.get("PYTHONPATH", "").split(os.pathsep) if environ.get("PYTHONPATH") else []
     wanted = []
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(hvdcompat.__file__)))
+    # This module sits at the package's top level: its directory's parent holds the package.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if package_root not in site.getsitepackages():
         wanted.append(package_root)
     # Functions from modules beside the script are pickled by reference; the
@@ -461,20 +460,44 @@ def _launch_elastic(options, listener, job, secret, timeout, addresses, executab
 
     codes = []
 
-    def plan(extra_env):
+    def plan(extra_env, hosts=None):
+        if hosts is not None:
+            from hvdcompat.runner.errors import LaunchError
+
+            # Growth restarts every worker from the last commit, which would call
+            # `func` again in new processes whose values this call cannot pair
+            # with the first launch's.
+            raise LaunchError(
+                "hvdcompat.run: hosts were added to the elastic job, and growing restarts every "
+                "worker, which hvdcompat.run does not support; run the training script under "
+                "hvdcompatrun's elastic flags (--host-discovery-script, --min-np, --max-np) to "
+                "let a job grow, or give hvdcompat.run a discovery script that only removes hosts.")
         return _plan(options, listener.port, addresses, secret, timeout, executable,
                      output_filename, extra_env)
 
-    def launch_ranks(cmd, env):
+    def launch_ranks(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
         job.num_proc = options.planned_np
         listener.start()
         proc = subprocess.Popen(cmd, env=env)
+        stop_watch = threading.Event()
+
+        def watch():
+            # The driver's verdict (too few slots past the timeout, the reset
+            # limit, every host blacklisted) ends the job.
+            while not stop_watch.wait(0.5):
+                if abort is not None and abort():
+                    _stop(proc)
+                    return
+
+        watcher = threading.Thread(target=watch, name="hvdcompat-run-abort", daemon=True)
+        watcher.start()
         try:
             codes.append(_collect(proc, job, job.num_proc, timeout, elastic=True))
             deadline = time.monotonic() + _DRAIN_S
             while not job.settled() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
+            stop_watch.set()
             _stop(proc)
         return 1 if codes[-1] is None else codes[-1]
 

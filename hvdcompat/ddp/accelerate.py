@@ -40,7 +40,12 @@ from hvdcompat.ddp import hooks
 
 __all__ = ["enable", "disable", "is_enabled", "settings"]
 
-_original = {}
+# DistributedDataParallel's methods replaced while enabled. The replacements
+# carry the originals (``__wrapped__``), so the patched class is the only
+# record of whether acceleration is on.
+_PATCHED = ("__init__", "_register_builtin_comm_hook")
+
+# Whether rank 0 has printed its line (once per process, however many models).
 _announced = [False]
 
 
@@ -86,39 +91,53 @@ def _install_at_first_forward(model, args, kwargs):
     _announce(state)
 
 
-def _patched_init(self, *args, **kwargs):
-    _original["__init__"](self, *args, **kwargs)
-    self._hvdcompat_pre_hook = self.register_forward_pre_hook(
-        _install_at_first_forward, with_kwargs=True)
+def _patched_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._hvdcompat_pre_hook = self.register_forward_pre_hook(
+            _install_at_first_forward, with_kwargs=True)
+
+    return __init__
 
 
-def _patched_builtin(self, comm_hook_type):
-    self._hvdcompat_builtin_hook = True
-    return _original["_register_builtin_comm_hook"](self, comm_hook_type)
+def _patched_builtin(original):
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        self._hvdcompat_builtin_hook = True
+        return original(self, comm_hook_type)
+
+    return _register_builtin_comm_hook
+
+
+def _replacement(name, make):
+    original = getattr(DistributedDataParallel, name)
+    fn = functools.wraps(original)(make(original))
+    fn._hvdcompat_patch = True
+    return fn
+
+
+def _is_patched(name):
+    return getattr(DistributedDataParallel.__dict__.get(name), "_hvdcompat_patch", False)
 
 
 def enable():
     """Makes DDP models built from now on use hvdcompat's hook (idempotent)."""
     settings()  # fail early on a bad environment
-    if _original:
+    if is_enabled():
         return
-    _original["__init__"] = DistributedDataParallel.__init__
-    _original["_register_builtin_comm_hook"] = DistributedDataParallel._register_builtin_comm_hook
-    DistributedDataParallel.__init__ = functools.wraps(_original["__init__"])(_patched_init)
-    DistributedDataParallel._register_builtin_comm_hook = functools.wraps(
-        _original["_register_builtin_comm_hook"])(_patched_builtin)
+    for name, make in zip(_PATCHED, (_patched_init, _patched_builtin)):
+        setattr(DistributedDataParallel, name, _replacement(name, make))
 
 
 def disable():
     """Restores DDP; models already built keep what they have."""
-    for name, fn in _original.items():
-        setattr(DistributedDataParallel, name, fn)
-    _original.clear()
+    for name in _PATCHED:
+        if _is_patched(name):
+            setattr(DistributedDataParallel, name, DistributedDataParallel.__dict__[name].__wrapped__)
 
 
 def is_enabled():
     """Whether DDP models built now get hvdcompat's hook."""
-    return bool(_original)
+    return _is_patched("__init__")
 
 
 if _core.knob("DDP_ACCELERATE").strip() not in ("0", "false", "no", "off"):

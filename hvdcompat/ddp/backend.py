@@ -31,6 +31,7 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
+from hvdcompat import _session
 from hvdcompat.ddp import bootstrap, work
 from hvdcompat.ops import _tensor
 
@@ -511,9 +512,6 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
         pass
 
 
-_group_count = [0]
-
-
 def backend_available():
     """Whether ``init_process_group("hvdcompat")`` can work in this process.
 
@@ -549,8 +547,9 @@ def _create(backend_opts, pg_options=None):
             f"init_process_group('{BACKEND_NAME}'): RANK is {rank} but this process is MPI rank "
             f"{hvd.rank()}. Unset RANK (the bootstrap in hvdcompat.ddp fills it from MPI) so "
             "torch and MPI agree on ranks.")
-    tag = f"tdist{_group_count[0]}"
-    _group_count[0] += 1
+    session = _session.current()  # groups are counted per engine, from its init on
+    tag = f"tdist{session.ddp_group_count}"
+    session.ddp_group_count += 1
     return ProcessGroupHvdcompat(rank, size, tag)
 
 

@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from hvdcompat import basics
+from hvdcompat import _session, basics
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["run", "run_fn", "reset", "last_reset_seconds", "last_restart",
@@ -29,13 +29,19 @@ LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a
 # imports and MPI_Finalize then crashed or hung; a restart costs one mpirun
 # start and the imports, and leaves no spawned communicator behind.
 
-_last_reset_seconds = [None]
+# How this launch began when it restarted the job on new hosts (Note [Growing
+# by restart]): set once at the start of the elastic loop, for the process.
 _last_restart = [None]
 
 
 def last_reset_seconds():
-    """Seconds the last reset on this rank took (None before the first); an hvdcompat extension."""
-    return _last_reset_seconds[0]
+    """Seconds the last reset on this rank took (None before the first); an hvdcompat extension.
+
+    The answer belongs to the world the reset built: None again after
+    shutdown and init.
+    """
+    session = _session.get()
+    return session.last_reset_seconds if session is not None else None
 
 
 def _knob_int(suffix):
@@ -147,7 +153,7 @@ def _mark_finished():
     """
     try:
         if basics._core.is_initialized() and basics._core.fault_tolerance_enabled():
-            basics._lost_ranks[0] = True  # the exit path that skips MPI_Finalize
+            basics._skip_finalize_at_exit()
     except Exception:  # noqa: BLE001 - not initialised: nothing to skip
         pass
     directory = basics._core.knob("ELASTIC_DIR")
@@ -170,9 +176,7 @@ def reset():
         HorovodInternalError: fewer ranks than ``--min-np`` survived.
     """
     _leave_if_host_removed()
-    started = time.monotonic()
     survivors = basics._elastic_reset()
-    _last_reset_seconds[0] = time.monotonic() - started
     min_np = _knob_int("ELASTIC_MIN_NP")
     if min_np is not None and basics.size() < min_np:
         raise HorovodInternalError(

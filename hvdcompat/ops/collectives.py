@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from hvdcompat import _gpu
+from hvdcompat import _gpu, _session
 from hvdcompat.basics import Adasum, Average, Max, Min, Product, Sum, _core
 from hvdcompat.ops import _tensor
 from hvdcompat.ops.handles import _enqueue, synchronize
@@ -301,21 +301,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                     prescale=prescale_factor, postscale=postscale_factor)
 
 
-_join_count = [0]
-_barrier_counts = {}
-
-
-def _reset_counters():
-    _join_count[0] = 0
-    _barrier_counts.clear()
-
-
-from hvdcompat.basics import _on_init, _on_shutdown  # noqa: E402
-
-_on_init.append(_reset_counters)
-_on_shutdown.append(_reset_counters)
-
-
 def join(device=-1):
     """Declares that this rank has no more data; blocks until every rank has joined.
 
@@ -331,11 +316,12 @@ def join(device=-1):
     Returns:
         The global rank that joined last (the same on every rank).
     """
+    session = _session.current()  # joins and barriers are named by the session's counts
     if device is not None and int(device) >= 0 and _gpu.cuda_available():
         _core.bind_cuda_device(int(device))
-    name = f"{_join_count[0]}"
+    name = f"{session.join_count}"
     handle = _enqueue("join", "join", name, 0, [], [], lambda o, s, j: j, ())
-    _join_count[0] += 1
+    session.join_count += 1
     return synchronize(handle)
 
 
@@ -345,8 +331,9 @@ def barrier(process_set=global_process_set):
     Pending asynchronous ops do not hold it up.
     """
     pid = process_set.process_set_id
-    k = _barrier_counts.get(pid, 0)
+    session = _session.get()  # None before init: the core's error comes from _enqueue
+    k = session.barrier_counts.get(pid, 0) if session is not None else 0
     handle = _enqueue("barrier", "barrier", f"{k}", pid if pid is not None else -1, [], [],
                       lambda o, s, j: None, ())
-    _barrier_counts[pid] = k + 1
+    session.barrier_counts[pid] = k + 1
     synchronize(handle)

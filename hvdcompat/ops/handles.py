@@ -1,22 +1,17 @@
-"""Handles of asynchronous ops: enqueue, poll, synchronize, and op naming."""
+"""Handles of asynchronous ops: enqueue, poll, synchronize, and op naming.
 
-from hvdcompat import _gpu
-from hvdcompat.basics import _core, _on_init, _on_shutdown
+The handle table and the name counters belong to the running session
+(Note [One owner of Python state] in hvdcompat/_session.py):
+``session.handles`` holds every tensor the core reads or writes until the op
+completes (the core keeps raw pointers).
+"""
+
+from hvdcompat import _gpu, _session
+from hvdcompat._ext import STATUS as _STATUS
+from hvdcompat._ext import _core
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["poll", "synchronize"]
-
-_STATUS = _core.STATUS
-
-# handle -> _Pending. Holds every tensor the core reads or writes until the op
-# completes (the core keeps raw pointers).
-_handle_map = {}
-# process set id -> number of unnamed ops enqueued on it (names them).
-_noname_counts = {}
-# Handles standing for several core ops (grouped ops over several dtypes):
-# negative ids -> (core handles, assemble(results) -> result).
-_composites = {}
-_next_composite = [-1]
 
 
 class _Pending:
@@ -28,28 +23,18 @@ class _Pending:
         self.device = device  # CUDA device index of the op's tensors, -1 for host
 
 
-def _reset():
-    _handle_map.clear()
-    _noname_counts.clear()
-    _composites.clear()
-    _next_composite[0] = -1
-
-
 def _composite(handles, assemble):
     """One handle for several enqueued ops; synchronize returns assemble(results)."""
-    cid = _next_composite[0]
-    _next_composite[0] -= 1
-    _composites[cid] = (list(handles), assemble)
+    session = _session.current()
+    cid = session.next_composite
+    session.next_composite -= 1
+    session.composites[cid] = (list(handles), assemble)
     return cid
 
 
-_on_init.append(_reset)
-_on_shutdown.append(_reset)
-
-
-def _full_name(prefix, name, process_set_id):
+def _full_name(session, prefix, name, process_set_id):
     if name is None:
-        k = _noname_counts.get(process_set_id, 0)
+        k = session.noname_counts.get(process_set_id, 0) if session is not None else 0
         return f"{prefix}.noname.{k}", True
     return f"{prefix}.{name}", False
 
@@ -63,9 +48,10 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     The core checks the engine's rules (initialised, process set and
     membership, root, splits, a name still in flight) and raises ValueError.
     """
+    session = _session.get()  # None before init: the core raises its error for that
     if process_set_id is None:
         process_set_id = -1  # never registered, or removed: the core says so
-    full, auto = _full_name(prefix, name, process_set_id)
+    full, auto = _full_name(session, prefix, name, process_set_id)
     device = inputs[0].device if inputs else -1
     handle = _core.enqueue(_core.EnqueueArgs(
         op=_core.OPS[op], name=full, auto_named=auto, process_set=process_set_id,
@@ -73,8 +59,8 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
         outputs=outputs, splits=splits,
         stream=_gpu.current_stream(device) if device >= 0 else None))
     if auto:
-        _noname_counts[process_set_id] = _noname_counts.get(process_set_id, 0) + 1
-    _handle_map[handle] = _Pending(keep, finish, device)
+        session.noname_counts[process_set_id] = session.noname_counts.get(process_set_id, 0) + 1
+    session.handles[handle] = _Pending(keep, finish, device)
     return handle
 
 
@@ -90,9 +76,10 @@ def poll(handle):
     Raises:
         ValueError: the handle is unknown or was already synchronized.
     """
-    if handle in _composites:
-        return all(poll(h) for h in _composites[handle][0])
-    pending = _handle_map.get(handle)
+    session = _session.get()
+    if session is not None and handle in session.composites:
+        return all(poll(h) for h in session.composites[handle][0])
+    pending = session.handles.get(handle) if session is not None else None
     if pending is None:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
     return _core.poll(handle)  # True also frees the op's name in the core
@@ -113,8 +100,11 @@ def synchronize(handle):
             lost or shut down, or communication failed); the message says why.
         ValueError: the op was invalid on this rank.
     """
-    if handle in _composites:
-        handles, assemble = _composites.pop(handle)
+    session = _session.get()
+    if session is None:
+        return None
+    if handle in session.composites:
+        handles, assemble = session.composites.pop(handle)
         results, error = [], None
         for h in handles:  # wait for every part, even after a failure
             try:
@@ -124,7 +114,7 @@ def synchronize(handle):
         if error is not None:
             raise error
         return assemble(results)
-    pending = _handle_map.get(handle)
+    pending = session.handles.get(handle)
     if pending is None:
         return None
     # A CUDA op's outputs are ordered before later work on the caller's
@@ -133,7 +123,7 @@ def synchronize(handle):
     try:
         code, message, outs, splits, join_rank = _core.wait(handle, stream)
     finally:
-        _handle_map.pop(handle, None)
+        session.handles.pop(handle, None)
     if code != _STATUS["ok"]:
         _raise(code, message)
     return pending.finish(outs, splits, join_rank)

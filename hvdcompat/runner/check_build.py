@@ -19,12 +19,13 @@ def check_build_report():
     Returns:
         str, ending with a newline.
     """
-    import hvdcompat as hvd
+    from hvdcompat import basics as hvd
+    from hvdcompat._version import __version__
 
     torch_ok = importlib.util.find_spec("torch") is not None
     nccl = hvd.nccl_built()
     lines = [
-        f"hvdcompat v{hvd.__version__}:",
+        f"hvdcompat v{__version__}:",
         "",
         "Available Frameworks:",
         f"    {_box(False)} TensorFlow",

@@ -68,13 +68,12 @@ def _static_hosts(args):
 def _placement(args, hosts, np):
     """{host: [ranks]} of a launch over `hosts` (by slot), {} when unknown or one machine."""
     from hvdcompat.runner import exit_report
-    from hvdcompat.runner.launch import _MAPPING_ARGS
 
     try:
         extra = shlex.split(getattr(args, "mpi_args", "") or "")
     except ValueError:
         return {}
-    if not hosts or not np or any(a.split("=", 1)[0] in _MAPPING_ARGS for a in extra):
+    if not hosts or not np or any(a.split("=", 1)[0] in exit_report.MAPPING_ARGS for a in extra):
         return {}
     return exit_report.expected_placement(hosts, np)
 
@@ -276,7 +275,7 @@ class ElasticDriver:
 
     def supervise(self, plan, run):
         """The launch loop (see :meth:`launch`); returns the exit code."""
-        from hvdcompat.runner.launch import EXIT_USAGE, LaunchError
+        from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 
         hosts = None  # the first launch plans from the flags
         while True:

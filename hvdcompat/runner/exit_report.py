@@ -14,6 +14,11 @@ import threading
 
 from hvdcompat.runner.rank_supervisor import MARKER
 
+# mpirun arguments that change where ranks go; the host list alone then does
+# not say which ranks a lost host ran (expected_placement cannot be used).
+MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
+                "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
+
 __all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code",
            "final_world_exit"]
 

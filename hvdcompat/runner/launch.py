@@ -22,6 +22,7 @@ import sys
 import time
 
 from hvdcompat.runner import elastic as _elastic
+from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
@@ -31,8 +32,6 @@ from hvdcompat.runner import tuning as _tuning
 __all__ = ["main", "LaunchError", "build_parser", "split_command", "check_command",
            "plan_launch"]
 
-# Launch problems found before anything starts (argparse also uses 2).
-EXIT_USAGE = 2
 
 _EPILOG = """\
 examples:
@@ -48,14 +47,10 @@ USER, SSH_*, DISPLAY, TERM, XDG_*, ...) and the MPI launcher's own variables.
 """
 
 
-class LaunchError(RuntimeError):
-    """A problem found before launching; the message says what to do."""
-
-
 def _version():
-    import hvdcompat
+    from hvdcompat._version import __version__
 
-    return hvdcompat.__version__
+    return __version__
 
 
 def build_parser():
@@ -132,10 +127,6 @@ def split_command(parser, argv):
 
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
 SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_supervisor.py")
-# mpirun arguments that change where ranks go; the host list alone then does
-# not say which ranks a lost host ran.
-_MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
-                 "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
 
 
 def _python_script(args):
@@ -224,9 +215,9 @@ def _rendezvous_env(env, hosts):
 
 def _build_compiler():
     try:
-        import hvdcompat
+        from hvdcompat._ext import _core
 
-        return hvdcompat.build_info().get("mpi_compiler")
+        return _core.build_info().get("mpi_compiler")
     except Exception:  # a broken core must not hide the launcher's own message
         return None
 
@@ -334,7 +325,7 @@ def placement_of(args, np_ranks):
         extra = shlex.split(args.mpi_args or "")
     except (LaunchError, ValueError):
         return {}
-    if not hosts or any(a.split("=", 1)[0] in _MAPPING_ARGS for a in extra):
+    if not hosts or any(a.split("=", 1)[0] in _exit_report.MAPPING_ARGS for a in extra):
         return {}
     return _exit_report.expected_placement(hosts, np_ranks)
 

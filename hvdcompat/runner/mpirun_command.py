@@ -203,7 +203,7 @@ def _hydra_command(mpirun, spec, hosts, names):
     ours anyway, so a site whose mpiexec defaults to ``-genvnone`` still
     passes them. On an oversubscribed machine ranks must not spin in MPI's
     progress loop: ``-genv`` turns on MPICH's progress throttle there (see
-    Note [Waiting ranks yield] in hvdcompat/basics.py).
+    Note [Waiting ranks yield] in hvdcompat/_ext.py).
     """
     cmd = [mpirun, "-np", str(spec.np)]
     if hosts:

@@ -3,7 +3,7 @@
 import pytest
 
 import hvdcompat as hvd
-from hvdcompat import basics
+from hvdcompat import _ext, basics
 
 
 class _OtherMpi:
@@ -34,5 +34,5 @@ def test_mpi4py_on_the_same_mpi_passes():
 
 def test_preload_looks_only_for_the_missing_soname():
     # No MPI wheel holds this soname, and a message without one preloads nothing.
-    assert basics._preload_wheel_mpi("libmpi.so.999: cannot open shared object file") is False
-    assert basics._preload_wheel_mpi("undefined symbol: foo") is False
+    assert _ext._preload_wheel_mpi("libmpi.so.999: cannot open shared object file") is False
+    assert _ext._preload_wheel_mpi("undefined symbol: foo") is False
