@@ -3,7 +3,8 @@
 import torch
 
 from hvdcompat import _gpu
-from hvdcompat.basics import _core
+from hvdcompat.basics import _core, _on_init, _on_shutdown
+from hvdcompat.ops._pool import pool as _output_pool
 
 __all__ = []
 
@@ -95,6 +96,20 @@ def describe(tensor, code, device):
 
 
 def empty_like_contiguous(tensor, shape=None, op="collective", name=None):
+    """A new output for an out-of-place op: from the output pool on the host (Note [Output pool])."""
     require_tensor(tensor, op, name)
-    return torch.empty(tensor.shape if shape is None else shape, dtype=tensor.dtype,
-                       device=tensor.device)
+    shape = tensor.shape if shape is None else shape
+    if tensor.device.type == "cpu":
+        out = _output_pool.empty(shape, tensor.dtype)
+        if out is not None:
+            return out
+    return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+
+
+def _configure_output_pool():
+    # The core has validated the knob at init (a non-negative number).
+    _output_pool.configure(int(float(_core.knob("OUTPUT_POOL_BYTES") or 0)))
+
+
+_on_init.append(_configure_output_pool)
+_on_shutdown.append(_output_pool.clear)
