@@ -198,8 +198,10 @@ def pool_engine(on, launch_value):
 def pool_compare(sizes, grads, args, log, heartbeat):
     """In place and out of place, output pool on and off, in alternating rounds.
 
-    Each cell: the median over rounds of each round's median; faults: this
-    rank's minor page faults per call (rank 0's), median over all calls.
+    Times: the median over rounds of each round's median; out/in: the median
+    of each round's ratio (both measured back to back, so load that comes and
+    goes between rounds cancels); faults: rank 0's minor page faults per
+    out-of-place call, median over all calls.
     """
     launch_value = os.environ.get("HVDCOMPAT_OUTPUT_POOL_BYTES")
 
@@ -260,14 +262,16 @@ def pool_compare(sizes, grads, args, log, heartbeat):
     log("-" * len(header))
     med = lambda key: statistics.median(times[key])  # noqa: E731
     flt = lambda key: statistics.median(faults[key])  # noqa: E731
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))  # noqa: E731
     for label, *_ in cases:
         row = f"{label:>9} |"
         for kind in kinds:
             ti, to = med((label, kind, "in")), med((label, kind, "out"))
             width = 14 if kind == "pool on" else 15
-            row += (f" {ti * 1e3:{width}.3f} {to * 1e3:8.3f} {to / ti:6.2f} "
+            row += (f" {ti * 1e3:{width}.3f} {to * 1e3:8.3f} "
+                    f"{ratio((label, kind, 'out'), (label, kind, 'in')):6.2f} "
                     f"{flt((label, kind, 'out')):6.0f} |")
-        row += f" {med((label, 'pool on', 'out')) / med((label, 'pool off', 'out')):10.2f}"
+        row += f" {ratio((label, 'pool on', 'out'), (label, 'pool off', 'out')):10.2f}"
         log(row)
 
 
@@ -405,10 +409,6 @@ def main():
     if not args.no_out_of_place:
         ratio = times["hvdcompat out of place (async, fused)"] / times["hvdcompat (async, fused)"]
         log(f"{'out of place / in place':>36}: {ratio:8.2f}")
-    if args.pool_compare:
-        if args.hierarchical:
-            hierarchical_engine(False, args.pseudo_node_size)
-        pool_compare(sizes, grads, args, log, heartbeat)
     stats = hvd.engine_stats()
     log(f"\n# engine: {stats['collectives']} collectives for {stats['tensors']} tensors, "
         f"{stats['fused_tensors']} tensors fused, cache hits {stats['cache_hits']}, "
@@ -416,6 +416,10 @@ def main():
     if args.hierarchical:
         log(f"# hierarchical MPI calls in the last engine: {stats['hierarchical_allreduces']} "
             "(0: the layout does not qualify, see HOROVOD_LOG_LEVEL=info)")
+    if args.pool_compare:
+        if args.hierarchical:
+            hierarchical_engine(False, args.pseudo_node_size)
+        pool_compare(sizes, grads, args, log, heartbeat)
     if args.autotune:
         compare_autotune(args, shapes, log)
     if dist is not None:

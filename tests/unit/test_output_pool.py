@@ -34,13 +34,25 @@ def test_a_dropped_output_is_reused_with_any_dtype_and_shape_of_its_size(pool):
     assert pool.stats() == (1, N * 4, 1, 1)
 
 
+def _hold(a, how):
+    if how == "tensor":
+        return a
+    if how == "view":
+        return a[3:]
+    if how == "storage":
+        return a.untyped_storage()
+    if how == "numpy":
+        return a.numpy()
+    if how == "dlpack":
+        return torch.utils.dlpack.to_dlpack(a)
+    return a[3:].clone()
+
+
 @pytest.mark.parametrize("hold", ["tensor", "view", "storage", "numpy", "dlpack", "clone_of_view"])
 def test_held_memory_is_not_handed_out(pool, hold):
     a = pool.empty((N,), torch.float32)
     a.fill_(7)
-    keep = {"tensor": lambda: a, "view": lambda: a[3:], "storage": a.untyped_storage,
-            "numpy": a.numpy, "dlpack": lambda: torch.utils.dlpack.to_dlpack(a),
-            "clone_of_view": lambda: a[3:].clone()}[hold]()
+    keep = _hold(a, hold)
     ptr = a.data_ptr()
     del a
     b = pool.empty((N,), torch.float32)
