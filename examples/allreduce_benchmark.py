@@ -39,11 +39,16 @@ the set once). Then examples/pytorch_synthetic_benchmark.py trains on
 2 hosts x 1 rank with both configurations. Horovod itself is not installed
 here (0.28.1 does not build against this torch), hence its configuration on
 our engine.
+--pool-compare times those in-place and out-of-place rows on engines with the
+output pool on (the default) and off (HVDCOMPAT_OUTPUT_POOL_BYTES=0, every
+output a fresh torch.empty, as before the pool), in --pool-rounds alternating
+rounds (the engine is restarted to switch), with each row's page faults.
 """
 
 import argparse
 import math
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -174,7 +179,7 @@ def hierarchical_engine(on, pseudo_node_size):
     hvd.init()
 
 
-def out_of_place_sizes(sizes, args, barrier, log):
+def out_of_place_sizes(sizes, args, barrier, log, heartbeat):
     """hvdcompat in place (hvd.allreduce_) vs out of place (hvd.allreduce, new output)."""
     log(f"\n# hvdcompat in place vs out of place (a new output per call), float32 sum")
     header = f"{'size':>9} | {'in place ms':>11} | {'out of place ms':>15} | {'out/in':>6}"
@@ -183,11 +188,110 @@ def out_of_place_sizes(sizes, args, barrier, log):
     for nbytes in sizes:
         t = torch.ones(nbytes // 4)
         name = f"bench.{nbytes}"
+        heartbeat.measuring(f"{human(nbytes)} in place")
         ti = timeit(lambda: hvd.allreduce_(t, op=hvd.Sum, name=name), args.iters, args.warmup,
                     barrier)
+        heartbeat.measuring(f"{human(nbytes)} out of place")
         to = timeit(lambda: hvd.allreduce(t, op=hvd.Sum, name=name + ".out"), args.iters,
                     args.warmup, barrier)
         log(f"{human(nbytes):>9} | {ti * 1e3:11.3f} | {to * 1e3:15.3f} | {to / ti:6.2f}")
+
+
+def page_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def pool_engine(on, launch_value):
+    """Restarts the engine with the output pool as launched (on) or off (read at init)."""
+    hvd.shutdown()
+    if on:
+        if launch_value is None:
+            os.environ.pop("HVDCOMPAT_OUTPUT_POOL_BYTES", None)
+        else:
+            os.environ["HVDCOMPAT_OUTPUT_POOL_BYTES"] = launch_value
+    else:
+        os.environ["HVDCOMPAT_OUTPUT_POOL_BYTES"] = "0"
+    hvd.init()
+
+
+def pool_compare(sizes, grads, args, log, heartbeat):
+    """In place and out of place, output pool on and off, in alternating rounds.
+
+    Times: the median over rounds of each round's median; out/in: the median
+    of each round's ratio (both measured back to back, so load that comes and
+    goes between rounds cancels); faults: rank 0's minor page faults per
+    out-of-place call, median over all calls.
+    """
+    launch_value = os.environ.get("HVDCOMPAT_OUTPUT_POOL_BYTES")
+
+    def resnet(out_of_place):
+        def run():
+            if out_of_place:
+                handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"pool_rn_out.{i}")
+                           for i, g in enumerate(grads)]
+            else:
+                handles = [hvd.allreduce_async_(g, op=hvd.Sum, name=f"pool_rn.{i}")
+                           for i, g in enumerate(grads)]
+            for h in handles:
+                hvd.synchronize(h)
+        return run
+
+    cases = []  # (label, in-place fn, out-of-place fn, iters, warmup)
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4)
+        name = f"pool.{nbytes}"
+        cases.append((human(nbytes),
+                      lambda t=t, name=name: hvd.allreduce_(t, op=hvd.Sum, name=name),
+                      lambda t=t, name=name: hvd.allreduce(t, op=hvd.Sum, name=name + ".out"),
+                      args.iters, args.warmup))
+    cases.append(("ResNet-50", resnet(False), resnet(True), args.resnet_iters, 2))
+    kinds = ("pool on", "pool off")
+    times = {(c[0], k, w): [] for c in cases for k in kinds for w in ("in", "out")}
+    faults = {(c[0], k, w): [] for c in cases for k in kinds for w in ("in", "out")}
+
+    def measure(fn, iters, warmup, key):
+        for _ in range(warmup):
+            fn()
+        each = []
+        for _ in range(iters):
+            hvd.barrier()
+            f0 = page_faults()
+            t0 = time.perf_counter()
+            fn()
+            each.append(time.perf_counter() - t0)
+            faults[key].append(page_faults() - f0)
+        times[key].append(statistics.median(each))
+
+    for r in range(args.pool_rounds):
+        for kind in kinds if r % 2 == 0 else reversed(kinds):
+            pool_engine(kind == "pool on", launch_value)
+            for label, fin, fout, iters, warmup in cases:
+                heartbeat.measuring(f"{label}, {kind}, round {r + 1} of {args.pool_rounds}")
+                measure(fin, iters, warmup, (label, kind, "in"))
+                measure(fout, iters, warmup, (label, kind, "out"))
+    pool_engine(True, launch_value)
+    log(f"\n# in place vs out of place, output pool on (default) and off "
+        f"(HVDCOMPAT_OUTPUT_POOL_BYTES=0), float32 sum; median of {args.pool_rounds} alternating "
+        f"rounds of {args.iters} calls ({args.resnet_iters} for the ResNet-50 set); "
+        "faults: minor page faults per call")
+    header = (f"{'size':>9} | {'pool on: in ms':>14} {'out ms':>8} {'out/in':>6} {'faults':>6} | "
+              f"{'pool off: in ms':>15} {'out ms':>8} {'out/in':>6} {'faults':>6} | "
+              f"{'out on/off':>10}")
+    log(header)
+    log("-" * len(header))
+    med = lambda key: statistics.median(times[key])  # noqa: E731
+    flt = lambda key: statistics.median(faults[key])  # noqa: E731
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))  # noqa: E731
+    for label, *_ in cases:
+        row = f"{label:>9} |"
+        for kind in kinds:
+            ti, to = med((label, kind, "in")), med((label, kind, "out"))
+            width = 14 if kind == "pool on" else 15
+            row += (f" {ti * 1e3:{width}.3f} {to * 1e3:8.3f} "
+                    f"{ratio((label, kind, 'out'), (label, kind, 'in')):6.2f} "
+                    f"{flt((label, kind, 'out')):6.0f} |")
+        row += f" {ratio((label, 'pool on', 'out'), (label, 'pool off', 'out')):10.2f}"
+        log(row)
 
 
 def main():
@@ -216,6 +320,10 @@ def main():
     parser.add_argument("--hosts", action="store_true",
                         help="(root, not under a launcher) the simulated-cluster table; "
                              "--hosts --help lists its options")
+    parser.add_argument("--pool-compare", action="store_true",
+                        help="also time in place and out of place with the output pool off")
+    parser.add_argument("--pool-rounds", type=int, default=3,
+                        help="with --pool-compare: alternating pool on/off rounds")
     args = parser.parse_args()
 
     hvd.init()
@@ -272,7 +380,7 @@ def main():
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if not args.no_out_of_place:
-        out_of_place_sizes(sizes, args, barrier, log)
+        out_of_place_sizes(sizes, args, barrier, log, heartbeat)
 
     shapes = resnet50_shapes()
     grads = [torch.randn(s) for s in shapes]
@@ -330,6 +438,10 @@ def main():
     if args.hierarchical:
         log(f"# hierarchical MPI calls in the last engine: {stats['hierarchical_allreduces']} "
             "(0: the layout does not qualify, see HOROVOD_LOG_LEVEL=info)")
+    if args.pool_compare:
+        if args.hierarchical:
+            hierarchical_engine(False, args.pseudo_node_size)
+        pool_compare(sizes, grads, args, log, heartbeat)
     if args.autotune:
         compare_autotune(args, shapes, log)
     if dist is not None:

@@ -51,6 +51,8 @@ class Session:
             the user owns them), so a reset can renumber their ranks.
         last_reset_seconds: how long the reset that began this session took
             (None for a session begun by init).
+        output_pool: the reused outputs of out-of-place host ops
+            (``ops._pool``, Note [Output pool]), made at first use.
     """
 
     def __init__(self, rank, size, process_sets=()):
@@ -66,6 +68,7 @@ class Session:
         self.ddp_group_count = 0
         self.process_sets = weakref.WeakSet(process_sets)
         self.last_reset_seconds = None
+        self.output_pool = None
 
 
 # The running engine's session, or None. The only module-level state of the

@@ -95,9 +95,9 @@ SHORT_SETTINGS = {
           "raw MPI, one Allreduce per tensor", "gloo, async per tensor",
           "hvdcompat out of place (async, fused)", "out of place / in place"]),
         (["--sizes", "4KiB", "--iters", "2", "--warmup", "1", "--resnet-iters", "1", "--no-gloo",
-          "--mpi4py-first"],
+          "--mpi4py-first", "--pool-compare", "--pool-rounds", "1"],
          ["# MPI started by mpi4py, before hvdcompat", "out of place ms",
-          "hvdcompat (async, fused)"]),
+          "hvdcompat (async, fused)", "pool off: in ms", "ResNet-50 |"]),
         # One host, shared-memory nodes: the hierarchical engine falls back (0 calls).
         (["--sizes", "64KiB", "--iters", "2", "--warmup", "1", "--resnet-iters", "1",
           "--no-gloo", "--hierarchical"],

@@ -50,6 +50,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Tensors at least this large are reduced in place, without the fusion copy."},
       {Knob::kMaxCallBytes, "MAX_CALL_BYTES", false, "16777216", "bytes",
        "Larger in-place reductions are split into equal MPI calls of at most this size."},
+      {Knob::kOutputPoolBytes, "OUTPUT_POOL_BYTES", false, "268435456", "bytes",
+       "Host outputs of out-of-place collectives (256 KiB and up) come from a pool of "
+       "reused buffers of at most this many bytes (0 disables)."},
       {Knob::kPollSpinMicros, "POLL_SPIN_MICROS", false, "50", "us",
        "While waiting for peers, busy-poll this long before sleeping."},
       {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
@@ -199,6 +202,7 @@ Config Config::FromEnvironment() {
   if (c.fusion_chunk_bytes < 4096) c.fusion_chunk_bytes = 4096;
   c.inplace_min_bytes = KnobInt(Knob::kInPlaceMinBytes);
   c.max_call_bytes = std::max<int64_t>(4096, KnobInt(Knob::kMaxCallBytes));
+  c.output_pool_bytes = KnobInt(Knob::kOutputPoolBytes);
   c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
   c.poll_data_yield_micros = KnobInt(Knob::kPollDataYieldMicros);

@@ -28,6 +28,7 @@ enum class Knob : int {
   kFusionChunkBytes,
   kInPlaceMinBytes,
   kMaxCallBytes,
+  kOutputPoolBytes,
   kPollSpinMicros,
   kPollMaxSleepMicros,
   kPollDataYieldMicros,
@@ -93,6 +94,7 @@ struct Config {
   int64_t fusion_chunk_bytes;      // pipeline chunk of pack/reduce/unpack
   int64_t inplace_min_bytes;       // tensors this large skip the fusion copy
   int64_t max_call_bytes;          // larger direct reductions are split into calls of this size
+  int64_t output_pool_bytes;       // host outputs kept for reuse (hvdcompat/ops/_pool.py); 0: none
   int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
   int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
   int64_t poll_data_yield_micros;  // data collectives: poll with yields this long before sleeping

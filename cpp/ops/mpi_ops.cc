@@ -381,7 +381,7 @@ void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
     const BufferDesc& in = e->inputs[0];
     const int64_t row = in.RowElements();
     const std::vector<int64_t>& send_rows = e->splits[0];
-    const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
+    const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows, wait_);
     int64_t total_rows = 0;
     for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;

@@ -1,5 +1,7 @@
 #include "transport/mpi_util.h"
 
+#include "transport/request_wait.h"
+
 // Open MPI declares its extensions (ULFM's MPIX_*) in mpi-ext.h; the MPICH
 // family has no such header and declares its MPIX_* in mpi.h.
 #if defined(OPEN_MPI)
@@ -73,6 +75,19 @@ std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64
   std::vector<int64_t> recv_rows(size);
   HVD_MPI_CHECK(comm, MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
                                    MPI_INT64_T, comm));
+  return recv_rows;
+}
+
+std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows,
+                                          const WaitPolicy& wait) {
+  int size = 0;
+  HVD_MPI_CHECK(comm, MPI_Comm_size(comm, &size));
+  HVD_ENFORCE(static_cast<int>(send_rows.size()) == size, "alltoall splits size");
+  std::vector<int64_t> recv_rows(size);
+  MPI_Request req;
+  HVD_MPI_CHECK(comm, MPI_Ialltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
+                                    MPI_INT64_T, comm, &req));
+  WaitRequest(&req, comm, wait, "alltoall of row counts");
   return recv_rows;
 }
 

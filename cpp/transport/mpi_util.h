@@ -21,9 +21,14 @@ namespace hvdcompat {
 // ULFM support or when the error is not a process failure.
 std::vector<int> FailedRanks(MPI_Comm comm, int error_code);
 
+struct WaitPolicy;
+
 // Alltoall of row counts: `send_rows[j]` rows go to rank j; returns the rows
-// received from each rank (collective over `comm`).
+// received from each rank (collective over `comm`). With `wait`, nonblocking
+// and completed by WaitRequest under that policy (Note [Engine-owned waiting]).
 std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows);
+std::vector<int64_t> ExchangeAlltoallRows(MPI_Comm comm, const std::vector<int64_t>& send_rows,
+                                          const WaitPolicy& wait);
 
 #define HVD_MPI_CHECK(comm, call)                                             \
   do {                                                                        \

@@ -28,10 +28,16 @@ void PreferRingNonblockingAllreduce() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm")) return;
+    // Ask the tool interface for the thread level MPI already runs at: Open
+    // MPI 5 records the level MPI_T_init_thread was given as the process's,
+    // so asking for less would make MPI_Query_thread (and the engine's next
+    // init) report MPI_THREAD_SINGLE for an MPI started with MULTIPLE.
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
     int provided = 0;
     // Each failure below means the tool interface or the variable is not
     // there: keep the library's default.
-    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return;
+    if (MPI_T_init_thread(level, &provided) != MPI_SUCCESS) return;
     int index = -1;
     if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS) {
       MPI_T_cvar_handle handle;

@@ -4,6 +4,7 @@ import torch
 
 from hvdcompat import _gpu
 from hvdcompat.basics import _core
+from hvdcompat.ops import _pool
 
 __all__ = []
 
@@ -94,6 +95,13 @@ def describe(tensor, code, device):
 
 
 def empty_like_contiguous(tensor, shape=None, op="collective", name=None):
+    """A new output for an out-of-place op: from the output pool on the host (Note [Output pool])."""
     require_tensor(tensor, op, name)
-    return torch.empty(tensor.shape if shape is None else shape, dtype=tensor.dtype,
-                       device=tensor.device)
+    shape = tensor.shape if shape is None else shape
+    if tensor.device.type == "cpu":
+        pool = _pool.current()
+        out = pool.empty(shape, tensor.dtype) if pool is not None else None
+        if out is not None:
+            return out
+    return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+

@@ -22,6 +22,16 @@ def test_fifty_shutdown_init_cycles():
             assert g.tolist() == list(range(n))
 
 
+def test_restart_keeps_the_thread_level_mpi_started_with():
+    # The engine reads the level MPI runs at on every init; nothing it does
+    # in between (the MPI tool interface included) may lower it.
+    first = hvd.mpi_threads_supported()
+    for _ in range(2):
+        hvd.shutdown()
+        hvd.init()
+        assert hvd.mpi_threads_supported() == first
+
+
 def test_pending_async_ops_fail_at_shutdown_and_handles_are_dropped():
     # A name only this rank submits never completes; shutdown must not hang on it.
     h = hvd.allreduce_async(torch.ones(2), name=f"only_on_rank_{hvd.rank()}")
