@@ -74,6 +74,8 @@ void Runtime::Stop() {
   // Sub-sets first, the global set last: its shutdown cycle tells everyone.
   for (auto it = workers.rbegin(); it != workers.rend(); ++it) it->second->Shutdown();
   workers.clear();
+  // After a racing StartTimeline: stopped_ is set, so none starts after this.
+  std::lock_guard<std::mutex> timeline(timeline_mu_);
   timeline_.Stop();
 }
 
@@ -92,6 +94,9 @@ void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
         "Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage (hvd.start_timeline / "
         "hvd.stop_timeline); it must be set before hvd.init().");
   }
+  // Held across the check and the start, so a concurrent Stop() either
+  // finds this timeline started (and stops it) or makes this call fail.
+  std::lock_guard<std::mutex> timeline(timeline_mu_);
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) {
@@ -335,24 +340,37 @@ Runtime::Round Runtime::AgreeLocked(uint64_t digest, bool closing) {
 
 int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::string& caller) {
   const std::string call = caller + "(" + RankListString(ranks) + ")";
+  // Shut down here: this rank's closing round (CloseControl) stands for this
+  // change in its peers' count, so skipping the round keeps them matched.
   if (control_closed_) ThrowShutDown(call, false);
+  // A mistake of this caller is raised after the round, never before it: a
+  // peer that found none is already in the round and would wait forever.
+  std::string mistake;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) ThrowShutDown(call, false);
-    CheckNewSet(caller, &ranks, set_ranks_);
+    try {
+      CheckNewSet(caller, &ranks, set_ranks_);
+    } catch (const InvalidArgument& e) {
+      mistake = e.what();
+    }
   }
-  // Every rank must be registering the same set: compare a digest.
+  // Every rank must be registering the same set: compare a digest. A rank
+  // that refuses the set passes one that no accepting rank can match.
   uint64_t digest = 1469598103934665603ull;
   for (int r : ranks) digest = (digest ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
+  if (!mistake.empty()) digest = ~digest;
   const Round round = AgreeLocked(digest, false);
   if (round.closing) {
     control_closed_ = true;
     ThrowShutDown(call, true);
   }
+  if (!mistake.empty()) throw InvalidArgument(mistake);
   if (!round.same) {
     throw InvalidArgument(caller + " on rank " + std::to_string(mpi_->rank()) + ": process set " +
-                          RankListString(ranks) + ": ranks passed different process sets. Every "
-                          "rank of the job must register the same ranks, in the same order.");
+                          RankListString(ranks) + ": ranks passed different process sets, or "
+                          "another rank refused this one (its own error says why). Every rank "
+                          "of the job must register the same ranks, in the same order.");
   }
   // Every rank is here for this set: the communicator's creation completes.
   MPI_Comm comm = mpi_->comm();
@@ -399,12 +417,35 @@ int Runtime::AddProcessSet(std::vector<int> ranks) {
 bool Runtime::RemoveProcessSet(int id) {
   const std::string call = "remove_process_set(" + std::to_string(id) + ")";
   std::lock_guard<std::mutex> control(control_mu_);
-  if (control_closed_) ThrowShutDown(call, false);
-  std::shared_ptr<ProcessSetWorker> worker;
+  if (control_closed_) ThrowShutDown(call, false);  // as in RegisterLocked
+  bool known;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) ThrowShutDown(call, false);
-    if (id == 0 || !set_ranks_.count(id)) return false;
+    known = id != 0 && set_ranks_.count(id) > 0;
+  }
+  // Every rank makes the round, an unknown id too (a peer may know it), and
+  // removes the set only once all agree on it: removed everywhere or nowhere.
+  const Round round =
+      AgreeLocked((static_cast<uint64_t>(static_cast<uint32_t>(id)) << 1) | (known ? 1u : 0u), false);
+  if (round.closing) {
+    control_closed_ = true;
+    ThrowShutDown(call, true);
+  }
+  if (!round.same) {
+    throw InvalidArgument(
+        call + " on rank " + std::to_string(mpi_->rank()) + ": the ranks did not all remove the "
+        "same registered process set (id " + std::to_string(id) + " is " +
+        (known ? "registered" : "not registered") + " on this rank); nothing was removed. Every "
+        "rank of the job must remove the same set, in the same order as its other process-set "
+        "changes.");
+  }
+  if (!known) return false;
+  std::shared_ptr<ProcessSetWorker> worker;
+  bool stopped;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    stopped = stopped_;
     set_ranks_.erase(id);
     auto it = workers_.find(id);
     if (it != workers_.end()) {
@@ -416,10 +457,8 @@ bool Runtime::RemoveProcessSet(int id) {
   if (worker) worker->Shutdown();
   // Its id may be given to a new set: the failed ops' names must not block it.
   handles_.ReleaseNames(id);
-  if (AgreeLocked(static_cast<uint64_t>(id), false).closing) {
-    control_closed_ = true;
-    ThrowShutDown(call, true);
-  }
+  // Shut down on this rank meanwhile: the peers learn it at their next round.
+  if (stopped) ThrowShutDown(call, false);
   return true;
 }
 

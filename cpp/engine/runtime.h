@@ -10,7 +10,11 @@
 // doing; a round in which some rank is closing closes the control
 // communicator on every rank (its change fails with the shutdown error), so
 // every rank makes the same number of rounds and none waits for a round that
-// a peer which shut down will never make.
+// a peer which shut down will never make. So a change makes its round
+// whatever this rank finds locally: a caller's mistake (a duplicate set, an
+// id this rank does not know) is raised after the round, which tells the
+// peers that the ranks disagree; only a rank that is shut down skips it (its
+// closing round stands in). A removal takes effect only after the round.
 #pragma once
 
 #include <deque>
@@ -108,7 +112,8 @@ class Runtime {
 
   // Collective over the whole job. Returns the new id.
   int AddProcessSet(std::vector<int> ranks);
-  // Collective over the whole job. False when `id` is unknown.
+  // Collective over the whole job. False when `id` is unknown on every rank;
+  // InvalidArgument (nothing removed) when some rank knows it and some do not.
   bool RemoveProcessSet(int id);
   std::optional<ProcessSetInfo> GetProcessSet(int id) const;
   std::vector<int> ProcessSetIds() const;
@@ -154,6 +159,9 @@ class Runtime {
   bool dynamic_;
   std::unique_ptr<GpuContext> gpu_;  // outlives the workers that use it
 
+  // Orders StartTimeline against Stop(); taken before sets_mu_, never while
+  // holding it.
+  std::mutex timeline_mu_;
   // Serialises control rounds; taken before sets_mu_, never while holding it.
   std::mutex control_mu_;
   bool control_closed_ = false;  // guarded by control_mu_

@@ -34,7 +34,8 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 void Timeline::Start(const std::string& path, bool mark_cycles) {
-  Stop();
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  StopLocked();
   std::FILE* f = std::fopen(path.c_str(), "w+");
   if (!f) {
     throw InvalidArgument("timeline: cannot open '" + path + "' for writing: " +
@@ -58,6 +59,11 @@ void Timeline::Start(const std::string& path, bool mark_cycles) {
 }
 
 void Timeline::Stop() {
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  StopLocked();
+}
+
+void Timeline::StopLocked() {
   if (!writer_.joinable()) return;
   active_ = false;
   {

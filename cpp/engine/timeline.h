@@ -8,7 +8,10 @@
 // array after every batch: it can be read while the job runs, and it is
 // valid after an abrupt end (at most the last 100 ms are missing).
 //
-// Thread-safe: any worker may record; Start/Stop come from API threads.
+// Thread-safe: any worker may record; Start/Stop come from API threads and
+// may race (hvd.shutdown() stops the timeline while another thread starts or
+// stops it): they are serialised by lifecycle_mu_, so the writer thread is
+// created and joined by one caller at a time.
 #pragma once
 
 #include <atomic>
@@ -48,10 +51,15 @@ class Timeline {
   void Instant(int pid, const std::string& row, const char* name, Clock::time_point at);
 
  private:
+  // Stop's work (lifecycle_mu_ held).
+  void StopLocked();
   int RowIdLocked(int pid, const std::string& row);
   void WriterLoop();
   void Write(std::vector<std::string>* batch);
 
+  // Held through Start and Stop (and so while joining the writer); taken
+  // before mu_, which the writer takes.
+  std::mutex lifecycle_mu_;
   std::atomic<bool> active_{false};
   std::atomic<bool> mark_cycles_{false};
   std::mutex mu_;
@@ -63,7 +71,7 @@ class Timeline {
   std::FILE* file_ = nullptr;
   bool first_event_ = true;
   Clock::time_point origin_;
-  std::thread writer_;
+  std::thread writer_;  // guarded by lifecycle_mu_
 };
 
 }  // namespace hvdcompat

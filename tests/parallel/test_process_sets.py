@@ -245,6 +245,28 @@ def test_duplicates_ids_and_removal(dynamic):
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="ids.after").item() == n
 
 
+def test_a_change_refused_on_one_rank_fails_on_every_rank(dynamic):
+    """One rank's own mistake is raised after the control round, so the peers
+    that found none fail too instead of waiting in it (Note [Control rounds])."""
+    n = hvd.size()
+    a = hvd.add_process_set([0])
+    try:
+        # Rank 0 repeats an existing set (refused locally); the others pass a new one.
+        mine = [0] if hvd.rank() == 0 else [n - 1]
+        with pytest.raises(ValueError, match="duplicate" if hvd.rank() == 0 else "refused"):
+            hvd.add_process_set(mine)
+        assert sorted(_core.process_set_ids()) == [0, a.process_set_id]
+        # Rank 0 removes an id nobody registered, the others a registered set.
+        other = hvd.ProcessSet([0])
+        other.process_set_id = a.process_set_id + 100 if hvd.rank() == 0 else a.process_set_id
+        with pytest.raises(ValueError, match="did not all remove"):
+            hvd.remove_process_set(other)
+        assert sorted(_core.process_set_ids()) == [0, a.process_set_id]
+    finally:
+        assert hvd.remove_process_set(a) is True
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="refused.after").item() == n
+
+
 def test_add_and_remove_many_times(dynamic):
     even, odd = _even_odd()
     for i in range(5):
