@@ -29,7 +29,7 @@ class Buffer:
 class EnqueueArgs:
     """One op handed to the core by enqueue(); `stream` is the CUDA inputs' producer stream."""
 
-    def __init__(self, *, op: int, name: str, auto_named: bool = False, process_set: int = 0,
+    def __init__(self, op: int, name: str, auto_named: bool = False, process_set: int = 0,
                  reduce_op: int = 1, root: int = -1, prescale: float = 1.0,
                  postscale: float = 1.0, inputs: Sequence[Buffer] = ...,
                  outputs: Sequence[Buffer] = ..., splits: Sequence[Sequence[int]] = ...,

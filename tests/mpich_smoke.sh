@@ -44,6 +44,21 @@ fi
 mkdir -p "$TREE"
 if git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   (cd "$REPO" && git ls-files -co --exclude-standard -z | tar --null -cf - -T -) | tar -xf - -C "$TREE"
+  # Sources the checkout no longer has (moved or deleted) must not linger in
+  # the copy: the build globs its source folders.
+  (cd "$REPO" && git ls-files -co --exclude-standard -z) | "$PYTHON" -c '
+import os, sys
+keep = set(sys.stdin.buffer.read().decode().split("\0"))
+tree = sys.argv[1]
+for top in ("cpp", "hvdcompat", "tests", "third_party", "examples"):
+    for root, dirs, files in os.walk(os.path.join(tree, top)):
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", "build")]
+        for f in files:
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, tree)
+            if rel not in keep and not f.endswith((".so", ".pyc")):
+                os.remove(path)
+' "$TREE"
 else
   (cd "$REPO" && tar --exclude=./build --exclude='*.so' -cf - .) | tar -xf - -C "$TREE"
 fi

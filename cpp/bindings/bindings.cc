@@ -322,7 +322,7 @@ void BindOptions(py::module_& m) {
              a.stream = stream ? reinterpret_cast<void*>(*stream) : nullptr;
              return a;
            }),
-           py::kw_only(), py::arg("op"), py::arg("name"), py::arg("auto_named") = false,
+           py::arg("op"), py::arg("name"), py::arg("auto_named") = false,
            py::arg("process_set") = 0, py::arg("reduce_op") = static_cast<int>(ReduceOp::kSum),
            py::arg("root") = -1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
            py::arg("inputs") = std::vector<BufferDesc>(),

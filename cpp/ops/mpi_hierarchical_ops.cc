@@ -7,24 +7,35 @@
 
 namespace hvdcompat {
 
+NodeSplit SplitByNode(MPI_Comm comm, int rank, const Config& config) {
+  NodeSplit s;
+  const int64_t per_node = config.hierarchical_local_size;
+  if (per_node > 0) {
+    HVD_MPI_CHECK(comm, MPI_Comm_split(comm, static_cast<int>(rank / per_node), rank, &s.local));
+  } else {
+    HVD_MPI_CHECK(comm, MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                                            &s.local));
+  }
+  MPI_Comm_set_errhandler(s.local, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(s.local, MPI_Comm_rank(s.local, &s.local_rank));
+  HVD_MPI_CHECK(s.local, MPI_Comm_size(s.local, &s.local_size));
+  HVD_MPI_CHECK(comm, MPI_Comm_split(comm, s.local_rank, rank, &s.cross));
+  MPI_Comm_set_errhandler(s.cross, MPI_ERRORS_RETURN);
+  HVD_MPI_CHECK(s.cross, MPI_Comm_rank(s.cross, &s.cross_rank));
+  HVD_MPI_CHECK(s.cross, MPI_Comm_size(s.cross, &s.cross_size));
+  return s;
+}
+
 MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
-  const int64_t per_node = config.hierarchical_local_size;
-  if (per_node > 0) {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, static_cast<int>(rank_ / per_node), rank_,
-                                        &local_));
-  } else {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                             &local_));
-  }
-  MPI_Comm_set_errhandler(local_, MPI_ERRORS_RETURN);
-  HVD_MPI_CHECK(local_, MPI_Comm_rank(local_, &local_rank_));
-  HVD_MPI_CHECK(local_, MPI_Comm_size(local_, &local_size_));
-  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_));
-  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
-  HVD_MPI_CHECK(cross_, MPI_Comm_rank(cross_, &cross_rank_));
-  HVD_MPI_CHECK(cross_, MPI_Comm_size(cross_, &cross_size_));
+  const NodeSplit split = SplitByNode(comm_, rank_, config);
+  local_ = split.local;
+  cross_ = split.cross;
+  local_rank_ = split.local_rank;
+  local_size_ = split.local_size;
+  cross_rank_ = split.cross_rank;
+  cross_size_ = split.cross_size;
 
   // {min local size, -max local size, nodes of consecutive ranks everywhere}
   int facts[3] = {local_size_, -local_size_,

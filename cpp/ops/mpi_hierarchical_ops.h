@@ -39,6 +39,18 @@ namespace hvdcompat {
 // The node and cross-node communicators of one process set's communicator and
 // the collectives over them. Construction is collective over `comm`; after
 // that it is used by the set's worker thread only.
+// The node and cross communicators of `comm` (the ranks sharing memory, or
+// consecutive groups of `config.hierarchical_local_size` ranks for testing;
+// then the ranks of equal node index across nodes), with this rank's place in
+// them. Collective over `comm`; both get MPI_ERRORS_RETURN. The caller frees them.
+struct NodeSplit {
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm cross = MPI_COMM_NULL;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+NodeSplit SplitByNode(MPI_Comm comm, int rank, const Config& config);
+
 class MpiHierarchy {
  public:
   MpiHierarchy(MPI_Comm comm, const Config& config);

@@ -7,6 +7,7 @@
 
 #include "core/logging.h"
 #include "ops/cpu_kernels.h"
+#include "ops/mpi_hierarchical_ops.h"
 
 namespace hvdcompat {
 
@@ -86,7 +87,9 @@ std::unique_ptr<NetworkAllreduce> NetworkAllreduce::Create(MPI_Comm comm, const 
   agreed.network_pipeline_depth = chosen[2];
   std::unique_ptr<NetworkAllreduce> plan(new NetworkAllreduce(comm, ops, agreed, stats));
   if (chosen[0] == kPlanAuto && plan->hosts_ < 2) return nullptr;
-  if (rank == 0) HVD_LOG(kInfo) << "host allreduce: " << plan->Describe();
+  if (rank == 0) {
+    HVD_LOG(kInfo) << "host allreduce: " << plan->Describe();
+  }
   return plan;
 }
 
@@ -100,20 +103,12 @@ NetworkAllreduce::NetworkAllreduce(MPI_Comm comm, const MpiOps* ops, const Confi
       depth_(static_cast<int>(std::clamp<int64_t>(config.network_pipeline_depth, 1, 64))) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
-  const int64_t per_node = config.hierarchical_local_size;
-  if (per_node > 0) {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, static_cast<int>(rank_ / per_node), rank_,
-                                        &local_));
-  } else {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                             &local_));
-  }
-  MPI_Comm_set_errhandler(local_, MPI_ERRORS_RETURN);
-  HVD_MPI_CHECK(local_, MPI_Comm_rank(local_, &local_rank_));
-  HVD_MPI_CHECK(local_, MPI_Comm_size(local_, &local_size_));
-  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_));
-  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
-  HVD_MPI_CHECK(cross_, MPI_Comm_size(cross_, &cross_size_));
+  const NodeSplit split = SplitByNode(comm_, rank_, config);
+  local_ = split.local;
+  cross_ = split.cross;
+  local_rank_ = split.local_rank;
+  local_size_ = split.local_size;
+  cross_size_ = split.cross_size;
   int sizes[2] = {local_size_, -local_size_};  // min and -max local size
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
   int leader = local_rank_ == 0 ? 1 : 0;

@@ -53,11 +53,13 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
         process_set_id = -1  # never registered, or removed: the core says so
     full, auto = _full_name(session, prefix, name, process_set_id)
     device = inputs[0].device if inputs else -1
+    # Positional: pybind11 matches keywords by name on every call, which cost
+    # about 1.8 us of the op's few (EnqueueArgs' fields, in order: op, name,
+    # auto_named, process_set, reduce_op, root, prescale, postscale, inputs,
+    # outputs, splits, stream).
     handle = _core.enqueue(_core.EnqueueArgs(
-        op=_core.OPS[op], name=full, auto_named=auto, process_set=process_set_id,
-        reduce_op=reduce_op, root=root, prescale=prescale, postscale=postscale, inputs=inputs,
-        outputs=outputs, splits=splits,
-        stream=_gpu.current_stream(device) if device >= 0 else None))
+        _core.OPS[op], full, auto, process_set_id, reduce_op, root, prescale, postscale, inputs,
+        outputs, splits, _gpu.current_stream(device) if device >= 0 else None))
     if auto:
         session.noname_counts[process_set_id] = session.noname_counts.get(process_set_id, 0) + 1
     session.handles[handle] = _Pending(keep, finish, device)

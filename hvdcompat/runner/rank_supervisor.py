@@ -75,6 +75,32 @@ def _record_exit(report):
         pass  # the driver is gone: nobody to tell
 
 
+# Horovod's launcher gives each worker its place in the job as HOROVOD_*
+# variables, and scripts read them (an elastic script's HOROVOD_RANK is the
+# rank it started as). The same names, from what the MPI launcher sets.
+_PLACE = (
+    ("HOROVOD_RANK", ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")),
+    ("HOROVOD_SIZE", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")),
+    ("HOROVOD_LOCAL_RANK", ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")),
+    ("HOROVOD_LOCAL_SIZE", ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")),
+)
+
+
+def _place_environment(environ):
+    """`environ` with Horovod's per-worker variables added where unset."""
+    env = dict(environ)
+    for name, sources in _PLACE:
+        if name in env:
+            continue
+        for source in sources:
+            if env.get(source, "").isdigit():
+                env[name] = env[source]
+                break
+    # The host as the job's host list names it (elastic launches say it), else the machine's.
+    env.setdefault("HOROVOD_HOSTNAME", env.get("HVDCOMPAT_ELASTIC_HOST") or socket.gethostname())
+    return env
+
+
 def main(argv=None):
     """Runs ``argv`` (default ``sys.argv[1:]``); returns or re-raises its ending."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -82,7 +108,8 @@ def main(argv=None):
         print("rank_supervisor: no command given", file=sys.stderr)
         return 2
     try:
-        child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(argv, preexec_fn=_die_with_parent,
+                                 env=_place_environment(os.environ))
     except OSError as e:
         print(f"hvdcompatrun: cannot start {argv[0]!r} on {socket.gethostname()}: {e}",
               file=sys.stderr, flush=True)

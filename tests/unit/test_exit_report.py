@@ -31,6 +31,26 @@ def test_supervisor_passes_the_status_through_and_reports_how_the_rank_ended():
     assert report["rank"] == 3 and report["status"] == 7 and report["signal"] is None
 
 
+def test_supervisor_gives_the_rank_horovods_place_variables():
+    show = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+            "('HOROVOD_RANK', 'HOROVOD_SIZE', 'HOROVOD_LOCAL_RANK', 'HOROVOD_LOCAL_SIZE', "
+            "'HOROVOD_HOSTNAME')}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    base = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "HVDCOMPAT_ELASTIC_HOST": "node7"}
+    r = subprocess.run([sys.executable, SUPERVISOR, sys.executable, "-c", show],
+                       capture_output=True, text=True, timeout=60,
+                       env={**env, "OMPI_COMM_WORLD_RANK": "3", **base})
+    assert json.loads(r.stdout) == {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4",
+                                    "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+                                    "HOROVOD_HOSTNAME": "node7"}
+    # What the launching environment already says is kept.
+    r = subprocess.run([sys.executable, SUPERVISOR, sys.executable, "-c", show],
+                       capture_output=True, text=True, timeout=60,
+                       env={**env, "OMPI_COMM_WORLD_RANK": "3", **base, "HOROVOD_RANK": "9"})
+    assert json.loads(r.stdout)["HOROVOD_RANK"] == "9"
+
+
 def test_supervisor_dies_of_the_ranks_signal_and_forwards_signals():
     killed = _supervise("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert killed.returncode == -signal.SIGKILL
