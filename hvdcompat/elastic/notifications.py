@@ -14,17 +14,12 @@ that follows, a rank whose host was removed leaves the job
 
 import os
 import socket
-import threading
-import time
-import weakref
 
 from hvdcompat.basics import _core, rank
 
 __all__ = ["poll", "host_removed", "this_host", "notices_path"]
 
 _offset = [0]  # bytes of the notices file already read by this process
-_offset_lock = threading.Lock()  # the commit path and the watcher both read
-_WATCH_SECONDS = 0.5
 
 
 def notices_path():
@@ -54,47 +49,13 @@ def _lines(start=0):
 
 
 def poll(state):
-    """Queues the notices written since the last poll on ``state`` (rank 0 only).
-
-    The first poll of a state on rank 0 also starts a watcher that polls
-    every half second, so ``state._host_messages`` fills while training runs
-    between commits, as under Horovod (scripts wait on it); the verdict is
-    still taken at commit time, on every rank together.
-    """
+    """Queues the notices written since the last poll on ``state`` (rank 0 only)."""
     if rank() != 0:
         return
-    _read_into(state)
-    if getattr(state, "_notice_watcher", None) is None and notices_path():
-        state._notice_watcher = _start_watcher(state)
-
-
-def _read_into(state):
-    with _offset_lock:
-        _offset[0], lines = _lines(_offset[0])
+    _offset[0], lines = _lines(_offset[0])
     for fields in lines:
         if len(fields) >= 2:
             state.on_hosts_updated(float(fields[0]), int(fields[1]))
-
-
-def _start_watcher(state):
-    ref = weakref.ref(state)
-
-    def watch():
-        while True:
-            time.sleep(_WATCH_SECONDS)
-            live = ref()
-            if live is None:
-                return  # the state is gone
-            try:
-                if _core.is_initialized() and rank() == 0:
-                    _read_into(live)
-            except Exception:  # noqa: BLE001 - a reset in progress; the next round reads
-                pass
-            del live
-
-    thread = threading.Thread(target=watch, name="hvdcompat-elastic-notices", daemon=True)
-    thread.start()
-    return thread
 
 
 def host_removed():

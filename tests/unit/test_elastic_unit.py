@@ -359,33 +359,3 @@ def _roundtrip(obj):
     buf.seek(0)
     return buf
 
-
-def test_rank_zero_hears_of_host_changes_between_commits(monkeypatch, tmp_path):
-    # Horovod's scripts wait on state._host_messages between commits; the
-    # notices must arrive there without a commit.
-    import time
-    import types
-
-    from hvdcompat.elastic import common, notifications
-
-    notices = tmp_path / "notices"
-    notices.write_text("")
-    monkeypatch.setattr(notifications, "notices_path", lambda: str(notices))
-    monkeypatch.setattr(notifications, "rank", lambda: 0)
-    monkeypatch.setattr(notifications, "_core", types.SimpleNamespace(is_initialized=lambda: True))
-    monkeypatch.setattr(notifications, "_offset", [0])
-    monkeypatch.setattr(notifications, "_WATCH_SECONDS", 0.05)
-    state = common.ObjectState(lambda obj: obj, lambda: 0, x=1)
-    state.check_host_updates()  # the first poll starts the watcher; nothing yet
-    assert state._host_messages.empty()
-    with open(notices, "a") as f:
-        f.write(f"{time.time():.6f} {int(hvd.elastic.HostUpdateResult.added)} -\n")
-    deadline = time.monotonic() + 5
-    while state._host_messages.empty() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not state._host_messages.empty(), "the notice did not reach rank 0 between commits"
-    with pytest.raises(hvd.HostsUpdatedInterrupt) as e:
-        state.check_host_updates()
-    assert e.value.skip_sync is False
-    # Read once: the next commit sees nothing new.
-    state.check_host_updates()
