@@ -69,7 +69,7 @@ class BasicBlock(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    """ResNet-18's shape at a quarter of its width: four stages of two blocks."""
+    """ResNet-18's shape (width 64 is its full width): four stages of two blocks."""
 
     def __init__(self, num_classes=1000, width=16):
         super().__init__()
@@ -120,7 +120,7 @@ def build(args):
     """(model, inputs, targets, unit) for the chosen model."""
     n = args.batch_size
     if args.model == "resnet":
-        model = SmallResNet()
+        model = SmallResNet(width=args.resnet_width)
         data = torch.randn(n, 3, args.image_size, args.image_size)
         target = torch.randint(0, 1000, (n,))
         unit = "img"
@@ -150,6 +150,9 @@ def parse_args():
     p.add_argument("--model", choices=("resnet", "mlp", "transformer"), default="resnet")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--image-size", type=int, default=32, help="resnet/mlp input is 3xSxS")
+    p.add_argument("--resnet-width", type=int, default=16,
+                   help="resnet's first-stage channels (64: ResNet-18's full width, 11.7M "
+                        "parameters; 16: a quarter of it)")
     p.add_argument("--seq-len", type=int, default=64, help="transformer tokens per sample")
     p.add_argument("--num-warmup-batches", type=int, default=5)
     p.add_argument("--num-batches-per-iter", type=int, default=5)
@@ -408,6 +411,7 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
         hvd.allreduce(tick, name="benchmark.ceiling_align")
 
     rates = {"ceiling": [], "distributed": []}
+    cpu_times = {"ceiling": {}, "distributed": {}}
     for r in range(args.ceiling_rounds):
         for label, batch in (("ceiling", alone_batch), ("distributed", distributed_batch)):
             what = ("without communication" if label == "ceiling"
@@ -417,8 +421,12 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
             again = args if r == 0 else argparse.Namespace(**{**vars(args),
                                                               "num_warmup_batches": 0})
             align()
+            cpu0, wall0 = thread_cpu_seconds(), time.perf_counter()
             rates[label] += gather_per_rank_rates(timed_run(batch, sync, again, unit, log,
                                                             after_each=align))
+            add_thread_times(cpu_times[label], cpu0, thread_cpu_seconds(),
+                             time.perf_counter() - wall0,
+                             again.num_warmup_batches + again.num_iters * again.num_batches_per_iter)
     if hvd.rank() == 0:
         ceiling = mean_conf(rates["ceiling"])
         dist = mean_conf(rates["distributed"])
@@ -431,6 +439,61 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
         print(f"\nCeiling {unit}/sec per rank: {ceiling[0]:.1f}; distributed: {dist[0]:.1f} "
               f"({dist[0] / ceiling[0]:.2f} of ceiling; {args.ceiling_rounds} alternating rounds "
               f"of {args.num_iters} iterations each).")
+        print_thread_times(cpu_times)
+
+
+def thread_cpu_seconds():
+    """CPU seconds (user + system) this process's threads have used, by thread name.
+
+    The main thread is "main"; threads that share a name are summed. Linux only
+    (reads /proc/self/task); elsewhere it is empty and no table is printed.
+    """
+    times = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return times
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        name = "main" if tid == str(os.getpid()) else stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd (state) on
+        times[name] = times.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return times
+
+
+def add_thread_times(into, before, after, wall, batches):
+    """Adds one round's CPU seconds per thread, its wall seconds and batches to `into`."""
+    for name, seconds in after.items():
+        into[name] = into.get(name, 0.0) + seconds - before.get(name, 0.0)
+    into["wall"] = into.get("wall", 0.0) + wall
+    into["batches"] = into.get("batches", 0) + batches
+
+
+def print_thread_times(cpu_times):
+    """Rank 0's CPU milliseconds per batch by thread, without and with communication."""
+    ceiling, dist = cpu_times["ceiling"], cpu_times["distributed"]
+    if len(dist) <= 2:
+        return
+    per_batch = lambda d, k: 1000 * d.get(k, 0.0) / max(1, d["batches"])  # noqa: E731
+    names = sorted((k for k in set(ceiling) | set(dist) if k not in ("wall", "batches")),
+                   key=lambda k: (k != "main", -per_batch(dist, k)))
+    print("\n| rank 0, ms per batch | no communication | DistributedOptimizer | difference |")
+    print("|---|---:|---:|---:|")
+    print(f"| wall | {per_batch(ceiling, 'wall'):.1f} | {per_batch(dist, 'wall'):.1f} | "
+          f"{per_batch(dist, 'wall') - per_batch(ceiling, 'wall'):+.1f} |")
+    for name in names:
+        a, b = per_batch(ceiling, name), per_batch(dist, name)
+        if max(a, b) < 0.05:
+            continue
+        label = {"main": "CPU: main (training)"}.get(name, f"CPU: thread {name}")
+        print(f"| {label} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    print("(CPU time from /proc at 1/SC_CLK_TCK resolution; warm-up batches included; "
+          "hvd-ps* are the engine's workers.)")
 
 
 def gather_per_rank_rates(rates):
