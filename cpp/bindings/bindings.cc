@@ -220,6 +220,7 @@ py::dict Stats() {
   d["hierarchical_allreduces"] = s.hierarchical_allreduces.load();
   d["hierarchical_allgathers"] = s.hierarchical_allgathers.load();
   d["network_allreduces"] = s.network_allreduces.load();
+  d["network_bytes"] = s.network_bytes.load();
   return d;
 }
 
@@ -250,6 +251,7 @@ py::dict ConfigDict() {
   d["link_plan"] = c.link_plan;
   d["network_segment_bytes"] = c.network_segment_bytes;
   d["network_pipeline_depth"] = c.network_pipeline_depth;
+  d["network_16bit_wire"] = c.network_16bit_wire;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["hierarchical_allgather"] = c.hierarchical_allgather;

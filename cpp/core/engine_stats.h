@@ -28,11 +28,13 @@ struct EngineStats {
   std::atomic<uint64_t> hierarchical_allgathers{0};
   // Host allreduce segments run on the network plan (Note [Link plans]).
   std::atomic<uint64_t> network_allreduces{0};
+  // Bytes those segments handed to MPI (elements times the wire type's size).
+  std::atomic<uint64_t> network_bytes{0};
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,
                     &tensors, &fused_collectives, &fused_tensors, &bytes, &errors, &hierarchical_allreduces,
-                    &hierarchical_allgathers, &network_allreduces}) {
+                    &hierarchical_allgathers, &network_allreduces, &network_bytes}) {
       c->store(0);
     }
   }

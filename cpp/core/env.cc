@@ -92,6 +92,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Network plan: host allreduces run as pipelined calls of at most this size."},
       {Knob::kNetworkPipelineDepth, "NETWORK_PIPELINE_DEPTH", false, "3", "segments",
        "Network plan: segments in flight at once (the next is packed while they travel)."},
+      {Knob::kNetwork16BitWire, "NETWORK_16BIT_WIRE", false, "1", "bool",
+       "Network plan: float16/bfloat16 cross hosts as 16 bits, each reduction step rounding "
+       "(as Horovod); 0 widens them to float32 on the link (one rounding, twice the bytes)."},
       // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
       {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
        "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
@@ -223,6 +226,7 @@ Config Config::FromEnvironment() {
   }
   c.network_segment_bytes = std::max<int64_t>(4096, KnobInt(Knob::kNetworkSegmentBytes));
   c.network_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kNetworkPipelineDepth));
+  c.network_16bit_wire = KnobBool(Knob::kNetwork16BitWire);
   std::string source;
   std::string ops = KnobString(Knob::kGpuOperations, &source);
   for (auto& ch : ops) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));

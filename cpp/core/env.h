@@ -46,6 +46,7 @@ enum class Knob : int {
   kLinkPlan,
   kNetworkSegmentBytes,
   kNetworkPipelineDepth,
+  kNetwork16BitWire,
   kElasticMinNp,
   kElasticResetLimit,
   kElasticDir,
@@ -106,6 +107,7 @@ struct Config {
   std::string link_plan;           // "auto", "host" or "network" (Note [Link plans])
   int64_t network_segment_bytes;   // network plan: pipelined segment size
   int64_t network_pipeline_depth;  // network plan: segments in flight, >= 1
+  bool network_16bit_wire;         // network plan: float16/bfloat16 cross as 16 bits
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
   bool autotune;                   // search the tunables while training (parameter_manager.h)

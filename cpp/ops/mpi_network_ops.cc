@@ -7,6 +7,7 @@
 
 #include "core/logging.h"
 #include "ops/cpu_kernels.h"
+#include "ops/mpi_16bit_ops.h"
 #include "ops/mpi_hierarchical_ops.h"
 
 namespace hvdcompat {
@@ -64,27 +65,29 @@ struct NetworkAllreduce::Slot {
 std::unique_ptr<NetworkAllreduce> NetworkAllreduce::Create(MPI_Comm comm, const MpiOps* ops,
                                                            const Config& config,
                                                            EngineStats* stats) {
-  // Rank 0's plan, segment size and depth hold for the whole set: the
-  // pipeline's call sequence must be the same on every rank.
-  int64_t chosen[3] = {PlanOf(config.link_plan), config.network_segment_bytes,
-                       config.network_pipeline_depth};
-  const int64_t mine[3] = {chosen[0], chosen[1], chosen[2]};
-  HVD_MPI_CHECK(comm, MPI_Bcast(chosen, 3, MPI_INT64_T, 0, comm));
+  // Rank 0's plan, segment size, depth and 16-bit wire hold for the whole
+  // set: the pipeline's call sequence and types must be the same on every rank.
+  int64_t chosen[4] = {PlanOf(config.link_plan), config.network_segment_bytes,
+                       config.network_pipeline_depth, config.network_16bit_wire ? 1 : 0};
+  const int64_t mine[4] = {chosen[0], chosen[1], chosen[2], chosen[3]};
+  HVD_MPI_CHECK(comm, MPI_Bcast(chosen, 4, MPI_INT64_T, 0, comm));
   int rank = 0;
   HVD_MPI_CHECK(comm, MPI_Comm_rank(comm, &rank));
-  if (mine[0] != chosen[0] || mine[1] != chosen[1] || mine[2] != chosen[2]) {
+  if (!std::equal(mine, mine + 4, chosen)) {
     HVD_LOG(kWarning) << "rank " << rank << ": HVDCOMPAT_LINK_PLAN, "
-                      << "HVDCOMPAT_NETWORK_SEGMENT_BYTES or HVDCOMPAT_NETWORK_PIPELINE_DEPTH "
-                      << "differ from rank 0's; using rank 0's values (plan "
+                      << "HVDCOMPAT_NETWORK_SEGMENT_BYTES, HVDCOMPAT_NETWORK_PIPELINE_DEPTH or "
+                      << "HVDCOMPAT_NETWORK_16BIT_WIRE differ from rank 0's; using rank 0's "
+                      << "values (plan "
                       << (chosen[0] == kPlanHost ? "host" : chosen[0] == kPlanNetwork ? "network"
                                                                                       : "auto")
                       << ", segments " << chosen[1] << " bytes, depth " << chosen[2]
-                      << "); set them alike on every rank";
+                      << ", 16-bit wire " << chosen[3] << "); set them alike on every rank";
   }
   if (chosen[0] == kPlanHost) return nullptr;
   Config agreed = config;
   agreed.network_segment_bytes = chosen[1];
   agreed.network_pipeline_depth = chosen[2];
+  agreed.network_16bit_wire = chosen[3] != 0;
   std::unique_ptr<NetworkAllreduce> plan(new NetworkAllreduce(comm, ops, agreed, stats));
   if (chosen[0] == kPlanAuto && plan->hosts_ < 2) return nullptr;
   if (rank == 0) {
@@ -100,7 +103,8 @@ NetworkAllreduce::NetworkAllreduce(MPI_Comm comm, const MpiOps* ops, const Confi
       stats_(stats),
       wait_(WaitPolicy::ForData(config)),
       segment_bytes_(std::clamp<int64_t>(config.network_segment_bytes, 4096, int64_t{1} << 30)),
-      depth_(static_cast<int>(std::clamp<int64_t>(config.network_pipeline_depth, 1, 64))) {
+      depth_(static_cast<int>(std::clamp<int64_t>(config.network_pipeline_depth, 1, 64))),
+      wire_16bit_(config.network_16bit_wire) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
   const NodeSplit split = SplitByNode(comm_, rank_, config);
@@ -153,9 +157,13 @@ void NetworkAllreduce::Wait(MPI_Request* request, const char* what) {
   WaitRequest(request, comm_, wait_, what);
 }
 
+MPI_Op NetworkAllreduce::OpFor(const Slot& slot) const {
+  return Has16BitOp(slot.wire) ? Reduce16BitOp(slot.wire, slot.op) : ops_->Op(slot.op);
+}
+
 void NetworkAllreduce::Start(Segment& s, Slot& slot) {
   MPI_Datatype type = ops_->Type(slot.wire);
-  MPI_Op op = ops_->Op(slot.op);
+  MPI_Op op = OpFor(slot);
   const int n = static_cast<int>(s.count);  // segments are far below INT_MAX
   if (!s.hier) {
     HVD_MPI_CHECK(comm_, MPI_Iallreduce(s.src, s.dst, n, type, op, comm_, &s.request));
@@ -206,13 +214,17 @@ void NetworkAllreduce::Finish(Segment& s, Slot& slot) {
   } else if (slot.post != 1.0) {
     ScaleCopy(s.dst, s.dst, s.count, slot.dtype, slot.post, slot.post_in_double);
   }
-  if (stats_) stats_->network_allreduces.fetch_add(1, std::memory_order_relaxed);
+  if (stats_) {
+    stats_->network_allreduces.fetch_add(1, std::memory_order_relaxed);
+    stats_->network_bytes.fetch_add(static_cast<uint64_t>(s.count) * DataTypeSize(slot.wire),
+                                    std::memory_order_relaxed);
+  }
 }
 
 void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataType dtype,
                                  ReduceOp op, double post, bool post_in_double,
                                  int64_t inplace_min_bytes) {
-  const DataType wire = HostReduceType(dtype);
+  const DataType wire = wire_16bit_ && Has16BitOp(dtype) ? dtype : HostReduceType(dtype);
   const bool widen = wire != dtype;
   const size_t esize = DataTypeSize(dtype);
   const size_t wsize = DataTypeSize(wire);

@@ -42,6 +42,8 @@ namespace hvdcompat {
 //   HOROVOD_HIERARCHICAL_ALLREDUCE=0 keeps this plan flat; =1 asks
 //   for the hierarchy (where the layout allows it) whatever the plan.
 //
+// float16/bfloat16 travel as 16-bit elements (Note [16-bit wire]).
+//
 // Every call is nonblocking and completed by WaitRequest; testing any one
 // request progresses all of them, so segments travel while the worker packs,
 // unpacks or waits on a local step. Collectives on one communicator are
@@ -90,6 +92,7 @@ class NetworkAllreduce {
   struct Segment;
   struct Slot;
 
+  MPI_Op OpFor(const Slot& slot) const;
   void Start(Segment& s, Slot& slot);
   void Finish(Segment& s, Slot& slot);
   void Wait(MPI_Request* request, const char* what);
@@ -108,6 +111,7 @@ class NetworkAllreduce {
   bool hierarchical_ = false;
   int64_t segment_bytes_;
   int depth_;
+  bool wire_16bit_;  // Note [16-bit wire]
   std::vector<std::unique_ptr<Slot>> slots_;
 };
 

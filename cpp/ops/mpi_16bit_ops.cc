@@ -1,0 +1,77 @@
+#include "ops/mpi_16bit_ops.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "ops/cpu_kernels.h"
+#include "transport/mpi_util.h"
+
+namespace hvdcompat {
+
+namespace {
+
+constexpr int64_t kBlock = 1024;  // elements widened at a time (8 KiB of float32 on the stack)
+
+template <DataType D, ReduceOp O>
+void Combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* src = static_cast<const uint16_t*>(in);
+  auto* dst = static_cast<uint16_t*>(inout);
+  float a[kBlock];
+  float b[kBlock];
+  for (int64_t at = 0; at < *len; at += kBlock) {
+    const int64_t n = std::min<int64_t>(kBlock, *len - at);
+    ConvertScale(a, DataType::kFloat32, src + at, D, n, 1.0);
+    ConvertScale(b, DataType::kFloat32, dst + at, D, n, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (O == ReduceOp::kMin) {
+        b[i] = a[i] < b[i] ? a[i] : b[i];
+      } else if constexpr (O == ReduceOp::kMax) {
+        b[i] = a[i] > b[i] ? a[i] : b[i];
+      } else if constexpr (O == ReduceOp::kProduct) {
+        b[i] *= a[i];
+      } else {
+        b[i] += a[i];
+      }
+    }
+    ConvertScale(dst + at, D, b, DataType::kFloat32, n, 1.0);
+  }
+}
+
+constexpr std::array<ReduceOp, 4> kOps = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
+                                          ReduceOp::kProduct};
+
+template <DataType D>
+void CreateFor(MPI_Op* out) {
+  MPI_User_function* fns[4] = {&Combine<D, ReduceOp::kSum>, &Combine<D, ReduceOp::kMin>,
+                               &Combine<D, ReduceOp::kMax>, &Combine<D, ReduceOp::kProduct>};
+  for (int i = 0; i < 4; ++i) HVD_MPI_CHECK(MPI_COMM_NULL, MPI_Op_create(fns[i], 1, &out[i]));
+}
+
+int OpIndex(ReduceOp op) {
+  for (int i = 0; i < 4; ++i) {
+    if (kOps[static_cast<size_t>(i)] == op) return i;
+  }
+  return 0;  // Average (and Sum) reduce as Sum
+}
+
+}  // namespace
+
+bool Has16BitOp(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+}
+
+MPI_Op Reduce16BitOp(DataType dtype, ReduceOp op) {
+  // [0..3]: float16, [4..7]: bfloat16; function-local static: created once,
+  // by whichever worker needs them first.
+  static const std::array<MPI_Op, 8> ops = [] {
+    std::array<MPI_Op, 8> o{};
+    CreateFor<DataType::kFloat16>(o.data());
+    CreateFor<DataType::kBFloat16>(o.data() + 4);
+    return o;
+  }();
+  if (!Has16BitOp(dtype)) throw InternalError("no 16-bit MPI op for this dtype");
+  return ops[static_cast<size_t>((dtype == DataType::kBFloat16 ? 4 : 0) + OpIndex(op))];
+}
+
+}  // namespace hvdcompat
