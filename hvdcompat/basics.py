@@ -128,16 +128,21 @@ def init(comm=None, process_sets=None):
     (``HOROVOD_*`` / ``HVDCOMPAT_*``) are read here.
 
     Raises:
-        ValueError: bad ``comm`` or ``process_sets``.
+        ValueError: bad ``comm``; or ``process_sets`` is invalid on some rank
+            or differs between ranks. The ranks compare their
+            ``process_sets`` before registering any, so then every rank
+            raises the same error, naming the ranks at fault; nothing is
+            initialised and ``init`` may be called again.
     """
     with _lifecycle_lock:
         if _core.is_initialized():
             return
         handle, ranks = _comm_arguments(comm)
-        dynamic, static_sets = _ps._parse_init_argument(process_sets, comm)
+        static_sets = _ps._parse_init_argument(process_sets, comm)
         _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
-                                     process_sets=static_sets.rank_lists,
-                                     dynamic_process_sets=dynamic))
+                                     requested_sets=static_sets.requested,
+                                     refused=static_sets.refused,
+                                     dynamic_process_sets=static_sets.dynamic))
         _ps._after_init(static_sets, _session.begin())
         if not _exit.registered:
             atexit.register(_at_exit)

@@ -136,55 +136,68 @@ def _job_comm(comm):
 
 
 class _Static:
-    """The static sets hvd.init registers, and which of them each ProcessSet object is."""
+    """hvd.init's process_sets argument on this rank, as the core compares it across ranks."""
 
     def __init__(self):
-        self.rank_lists = []   # registration order: ids 1, 2, ...
-        self.assignments = []  # (ProcessSet, index into rank_lists or None)
+        self.dynamic = False   # process_sets="dynamic"
+        self.requested = []    # (from an mpi4py communicator, its ranks or None), in given order
+        self.refused = ""      # why this rank's argument is invalid; "" when it is not
+        self.assignments = []  # (ProcessSet, its ranks on this rank or None)
 
 
 def _parse_init_argument(process_sets, comm=None):
-    """(dynamic, _Static) from hvd.init's process_sets argument.
+    """_Static from hvd.init's process_sets argument. Local: never communicates, never raises.
+
+    A mistake is recorded in `refused` instead of raised: a rank that raised
+    here would leave its peers waiting in hvd.init. The core compares every
+    rank's argument first and raises the same ValueError on every rank
+    (Note [Agreeing on init's sets] in cpp/engine/init_agreement.h).
 
     A set given by an mpi4py communicator may differ between ranks (e.g. a
-    Split into even and odd ranks): every rank's view is gathered and each
-    distinct group is registered, in order of its lowest rank, so that all
-    ranks register the same sets; each ProcessSet object then stands for the
-    caller's own group. Collective when such sets are present.
+    Split into even and odd ranks): each rank passes its own group, the core
+    registers every distinct group, in order of its lowest rank, and each
+    ProcessSet object then stands for the caller's own group.
     """
     static = _Static()
+    try:
+        _describe_init_argument(process_sets, comm, static)
+    except Exception as e:  # noqa: BLE001 - any mistake is raised by the core, on every rank
+        static.requested, static.assignments = [], []
+        static.refused = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+    return static
+
+
+def _describe_init_argument(process_sets, comm, static):
     if process_sets is None:
-        return False, static
+        return
     if isinstance(process_sets, str):
         if process_sets.lower() == "dynamic":
-            return True, static
-        raise ValueError(f"hvd.init(process_sets={process_sets!r}): pass a list of ProcessSet "
-                         "or the string 'dynamic'")
+            static.dynamic = True
+            return
+        raise ValueError(f"process_sets={process_sets!r} is neither a list of ProcessSet nor "
+                         "the string 'dynamic'")
     sets = list(process_sets)
     for i, ps in enumerate(sets):
         if not isinstance(ps, ProcessSet):
-            raise ValueError(f"hvd.init: process_sets entry number {i} is not a ProcessSet: {ps!r}")
+            raise ValueError(f"process_sets entry number {i} is not a ProcessSet: {ps!r}")
     job = _job_comm(comm) if any(ps.mpi_comm is not None for ps in sets) else None
-    for i, ps in enumerate(sets):
-        if ps.mpi_comm is not None:
-            mine = _comm_ranks(ps.mpi_comm, job)
-            views = [v for v in job.allgather(mine) if v is not None]
-            groups = sorted({tuple(v) for v in views})
-            ps.ranks = mine
-        else:
-            mine, groups = ps.ranks, [tuple(ps.ranks)]
-        # A duplicate (of another entry or of the global set) is refused by the core.
-        first = len(static.rank_lists)
-        static.rank_lists.extend(list(g) for g in groups)
-        index = (first + groups.index(tuple(mine))) if mine is not None else None
-        static.assignments.append((ps, index))
-    return False, static
+    for ps in sets:
+        from_comm = ps.mpi_comm is not None
+        mine = _comm_ranks(ps.mpi_comm, job) if from_comm else list(ps.ranks)
+        static.requested.append((from_comm, mine))
+        static.assignments.append((ps, mine))
 
 
 def _after_init(static, session):
     """Gives the static sets their ids in the session `init` just began."""
-    for ps, index in static.assignments:
-        ps.process_set_id = None if index is None else index + 1
+    ids = {}
+    for pid in _core.process_set_ids():
+        if pid:
+            ids[tuple(_core.process_set_info(pid)[0])] = pid
+    for ps, ranks in static.assignments:
+        if ps.mpi_comm is not None:
+            ps.ranks = ranks
+        ps.process_set_id = None if ranks is None else ids[tuple(sorted(ranks))]
         if ps.process_set_id is not None:
             session.process_sets.add(ps)
 

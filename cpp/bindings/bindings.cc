@@ -349,7 +349,9 @@ void BindOptions(py::module_& m) {
 
   py::class_<InitOptions>(m, "InitOptions", "What hvd.init() asks of the core.")
       .def(py::init([](std::optional<int64_t> comm_handle, std::vector<int> ranks,
-                       std::vector<std::vector<int>> process_sets, bool dynamic_process_sets) {
+                       std::vector<std::vector<int>> process_sets,
+                       std::vector<std::pair<bool, std::optional<std::vector<int>>>> requested_sets,
+                       std::string refused, bool dynamic_process_sets) {
              InitOptions o;
              // A Fortran handle (mpi4py's Comm.py2f()): the one form of a
              // communicator that every MPI defines as an integer. MPI_Comm
@@ -357,13 +359,22 @@ void BindOptions(py::module_& m) {
              if (comm_handle) o.comm = MPI_Comm_f2c(static_cast<MPI_Fint>(*comm_handle));
              o.ranks = std::move(ranks);
              o.process_sets = std::move(process_sets);
+             // (from an mpi4py communicator, its ranks: this rank's group, None
+             // when this rank's communicator is COMM_NULL)
+             for (auto& [from_comm, set_ranks] : requested_sets) {
+               o.requested_sets.push_back(
+                   {from_comm, set_ranks.has_value(), set_ranks.value_or(std::vector<int>())});
+             }
+             o.refused = std::move(refused);
              o.dynamic_process_sets = dynamic_process_sets;
              return o;
            }),
            py::kw_only(), py::arg("comm_handle") = py::none(),
            py::arg("ranks") = std::vector<int>(),
            py::arg("process_sets") = std::vector<std::vector<int>>(),
-           py::arg("dynamic_process_sets") = false)
+           py::arg("requested_sets") =
+               std::vector<std::pair<bool, std::optional<std::vector<int>>>>(),
+           py::arg("refused") = std::string(), py::arg("dynamic_process_sets") = false)
       .def_property_readonly("comm_handle",
                              [](const InitOptions& o) -> std::optional<int64_t> {
                                if (!o.comm) return std::nullopt;
@@ -371,6 +382,17 @@ void BindOptions(py::module_& m) {
                              })
       .def_readonly("ranks", &InitOptions::ranks)
       .def_readonly("process_sets", &InitOptions::process_sets)
+      .def_property_readonly(
+          "requested_sets",
+          [](const InitOptions& o) {
+            std::vector<std::pair<bool, std::optional<std::vector<int>>>> v;
+            for (const auto& s : o.requested_sets) {
+              v.emplace_back(s.from_comm, s.member ? std::optional<std::vector<int>>(s.ranks)
+                                                   : std::nullopt);
+            }
+            return v;
+          })
+      .def_readonly("refused", &InitOptions::refused)
       .def_readonly("dynamic_process_sets", &InitOptions::dynamic_process_sets);
 }
 

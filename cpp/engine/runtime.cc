@@ -27,17 +27,28 @@ Runtime::Runtime(const InitOptions& options)
   ConfigureLogging(mpi_->rank());
   std::vector<int> all(mpi_->size());
   for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
-  {
-    // Before any worker exists, so a bad set fails hvd.init() with nothing started.
-    std::map<int, std::vector<int>> planned{{0, all}};
-    for (size_t i = 0; i < options.process_sets.size(); ++i) {
-      std::vector<int> ranks = options.process_sets[i];
-      CheckNewSet(kInitCaller, &ranks, planned);
-      int id = i < options.process_set_ids.size() ? options.process_set_ids[i]
-                                                  : static_cast<int>(i) + 1;
-      planned[id] = ranks;
-    }
-  }
+  // Before any worker exists, so bad or differing sets fail hvd.init() on
+  // every rank with nothing started (Note [Agreeing on init's sets]).
+  InitSetsRequest request{dynamic_, {}, options.refused};
+  for (const auto& ranks : options.process_sets) request.sets.push_back({false, true, ranks});
+  request.sets.insert(request.sets.end(), options.requested_sets.begin(),
+                      options.requested_sets.end());
+  const std::vector<std::vector<int>> sets = AgreeOnInitSets(
+      *mpi_, request,
+      [&](const std::string& subject, const std::vector<std::vector<int>>& lists) {
+        std::map<int, std::vector<int>> planned{{0, all}};
+        for (size_t i = 0; i < lists.size(); ++i) {
+          std::vector<int> ranks = lists[i];
+          try {
+            CheckNewSet(subject, &ranks, planned);
+          } catch (const InvalidArgument& e) {
+            return std::string(e.what());
+          }
+          planned[i < options.process_set_ids.size() ? options.process_set_ids[i]
+                                                     : static_cast<int>(i) + 1] = ranks;
+        }
+        return std::string();
+      });
   config_.rank_hosts = mpi_->hosts();
   config_.worker_core =
       WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
@@ -52,8 +63,8 @@ Runtime::Runtime(const InitOptions& options)
                                                      &mpi_->ops(), &stats_, &timeline_, gpu_.get());
   }
   std::lock_guard<std::mutex> control(control_mu_);
-  for (size_t i = 0; i < options.process_sets.size(); ++i) {
-    RegisterLocked(options.process_sets[i],
+  for (size_t i = 0; i < sets.size(); ++i) {
+    RegisterLocked(sets[i],
                    i < options.process_set_ids.size() ? options.process_set_ids[i] : -1,
                    kInitCaller);
   }
@@ -296,15 +307,16 @@ int Runtime::Enqueue(EnqueueArgs args) {
   return handle;
 }
 
-void Runtime::CheckNewSet(const std::string& caller, std::vector<int>* ranks,
+void Runtime::CheckNewSet(const std::string& subject, std::vector<int>* ranks,
                           const std::map<int, std::vector<int>>& known) const {
   std::sort(ranks->begin(), ranks->end());
-  const std::string subject = caller + " on rank " + std::to_string(mpi_->rank());
   for (size_t i = 0; i < ranks->size(); ++i) {
     int r = (*ranks)[i];
-    if (r < 0 || r >= mpi_->size() || (i && r == (*ranks)[i - 1])) {
-      throw InvalidArgument(subject + ": process set " + RankListString(*ranks) +
-                            ": ranks must be distinct global ranks in [0, " +
+    const bool repeated = i && r == (*ranks)[i - 1];
+    if (r < 0 || r >= mpi_->size() || repeated) {
+      throw InvalidArgument(subject + ": process set " + RankListString(*ranks) + ": rank " +
+                            std::to_string(r) + (repeated ? " is listed twice" : " is out of range") +
+                            "; ranks must be distinct global ranks in [0, " +
                             std::to_string(mpi_->size()) + ")");
     }
   }
@@ -350,7 +362,7 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) ThrowShutDown(call, false);
     try {
-      CheckNewSet(caller, &ranks, set_ranks_);
+      CheckNewSet(caller + " on rank " + std::to_string(mpi_->rank()), &ranks, set_ranks_);
     } catch (const InvalidArgument& e) {
       mistake = e.what();
     }

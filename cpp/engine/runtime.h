@@ -30,6 +30,7 @@
 #include "core/env.h"
 #include "gpu/gpu_context.h"
 #include "engine/handle_table.h"
+#include "engine/init_agreement.h"
 #include "transport/mpi_context.h"
 #include "engine/process_set_worker.h"
 #include "engine/timeline.h"
@@ -41,6 +42,10 @@ struct InitOptions {
   std::vector<int> ranks;                    // hvd.init(comm=[...])
   std::vector<std::vector<int>> process_sets;  // static sets, registered as ids 1..n
   std::vector<int> process_set_ids;  // when not empty: the id of each of process_sets (a reset)
+  // hvd.init(process_sets=[...]) as this rank was given it, registered after
+  // process_sets once every rank agrees (Note [Agreeing on init's sets]).
+  std::vector<RequestedSet> requested_sets;
+  std::string refused;  // not empty: this rank refused its process_sets argument, and why
   bool dynamic_process_sets = false;
 };
 
@@ -136,8 +141,9 @@ class Runtime {
   std::string Subject(const std::string& op, const std::string& name) const;
   std::string DescribeSet(int id, const std::vector<int>& ranks) const;
   // Sorts `ranks` and checks them as a new set next to the `known` ones
-  // (in range, distinct, not a duplicate). `caller` labels the message.
-  void CheckNewSet(const std::string& caller, std::vector<int>* ranks,
+  // (in range, distinct, not a duplicate). `subject` starts the message
+  // ("hvd.add_process_set on rank 3").
+  void CheckNewSet(const std::string& subject, std::vector<int>* ranks,
                    const std::map<int, std::vector<int>>& known) const;
   struct Round {
     bool same;     // every rank passed the same digest

@@ -79,6 +79,95 @@ def test_duplicate_static_sets_are_rejected():
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="dupstatic.after").item() == hvd.size()
 
 
+# hvd.init compares every rank's process_sets before registering any, so a
+# mistake on one rank, or a difference between ranks, fails init on every
+# rank with one message instead of leaving the others waiting in it.
+
+
+def _ranks_phrase(ranks):
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def _assert_init_fails_on_every_rank(process_sets, *phrases):
+    """hvd.init(process_sets) raises here with `phrases`, the same text as on
+    every other rank; afterwards a correct init with static sets works."""
+    n = hvd.size()
+    hvd.shutdown()
+    try:
+        with pytest.raises(ValueError) as info:
+            hvd.init(process_sets=process_sets)
+        assert not hvd.is_initialized()
+        message = str(info.value)
+        assert message.startswith("hvd.init(process_sets=...) failed on every rank"), message
+        assert "Pass the same process_sets on every rank" in message, message
+        for phrase in phrases:
+            assert phrase in message, message
+        tail = hvd.ProcessSet(list(range(1, n)))
+        hvd.init(process_sets=[tail])
+        assert tail.process_set_id == 1
+        assert hvd.allgather_object(message) == [message] * n
+        out = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="after.failed")
+        assert out.item() == n * (n - 1) / 2
+        if hvd.rank() > 0:
+            out = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum,
+                                name="after.failed.tail", process_set=tail)
+            assert out.item() == n * (n - 1) / 2
+    finally:
+        _reinit()
+
+
+@pytest.mark.parametrize("mistake", ["out of range", "listed twice", "not a ProcessSet"])
+def test_an_invalid_set_on_one_rank_fails_init_on_every_rank(mistake):
+    n = hvd.size()
+    good = [hvd.ProcessSet([0, 1])]
+    bad = {"out of range": [hvd.ProcessSet([0, n])],
+           "listed twice": [hvd.ProcessSet([1, 1])],
+           "not a ProcessSet": [hvd.ProcessSet([0, 1]), [1]]}[mistake]
+    expected = {"out of range": [f"rank 1's sets: process set [0, {n}]: rank {n} is out of range",
+                                 f"in [0, {n})"],
+                "listed twice": ["rank 1's sets: process set [1, 1]: rank 1 is listed twice"],
+                "not a ProcessSet": ["rank 1's process_sets argument is invalid",
+                                     "entry number 1 is not a ProcessSet"]}[mistake]
+    _assert_init_fails_on_every_rank(bad if hvd.rank() == 1 else good, *expected)
+
+
+def test_different_orders_of_sets_fail_init_on_every_rank():
+    n = hvd.size()
+    rest = list(range(1, n))
+    first, second = hvd.ProcessSet([0]), hvd.ProcessSet(rest)
+    _assert_init_fails_on_every_rank(
+        [first, second] if hvd.rank() == 0 else [second, first],
+        "the ranks passed different process sets",
+        f"rank 0 passed [ProcessSet([0]), ProcessSet({rest})]",
+        f"{_ranks_phrase(rest)} passed [ProcessSet({rest}), ProcessSet([0])]")
+
+
+@pytest.mark.parametrize("odd_one", ["dynamic", None])
+def test_dynamic_or_none_against_a_list_fails_init_on_every_rank(odd_one):
+    n = hvd.size()
+    others = [r for r in range(n) if r != 1]
+    _assert_init_fails_on_every_rank(
+        odd_one if hvd.rank() == 1 else [hvd.ProcessSet([0])],
+        f"rank 1 passed {odd_one!r}",
+        f"{_ranks_phrase(others)} passed [ProcessSet([0])]")
+
+
+def test_a_communicator_set_on_one_rank_only_fails_init_on_every_rank():
+    from mpi4py import MPI
+
+    n = hvd.size()
+    whole = MPI.COMM_WORLD.Dup()
+    try:
+        _assert_init_fails_on_every_rank(
+            [hvd.ProcessSet(whole)] if hvd.rank() == 0 else [hvd.ProcessSet([0])],
+            "rank 0 passed [ProcessSet(<mpi4py communicator>)]",
+            f"{_ranks_phrase(list(range(1, n)))} passed [ProcessSet([0])]")
+    finally:
+        whole.Free()
+
+
 def test_static_sets_from_mpi_communicators():
     from mpi4py import MPI
 
