@@ -26,6 +26,12 @@ __all__ = [
 ]
 
 
+def _tracked(tensors):
+    """Whether autograd records an op on `tensors`: only then is the Function's cost paid."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
@@ -69,8 +75,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         ValueError / TypeError: invalid input on this rank.
     """
     compressed, cctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
-                                     postscale_factor, process_set)
+    if _tracked((compressed,)):
+        reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
+                                         postscale_factor, process_set)
+    else:
+        reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
+                                              postscale_factor, process_set))
     return compression.decompress(reduced, cctx)
 
 
@@ -97,8 +107,13 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces every tensor of the list in one fused operation; returns a list."""
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                            process_set, *[p[0] for p in pairs])
+    sent = [p[0] for p in pairs]
+    if _tracked(sent):
+        reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                                postscale_factor, process_set, *sent)
+    else:
+        reduced = synchronize(grouped_allreduce_async(sent, average, name, op, prescale_factor,
+                                                      postscale_factor, process_set))
     return [compression.decompress(t, p[1]) for t, p in zip(reduced, pairs)]
 
 
@@ -129,7 +144,9 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
     Dimension 0 may differ between ranks; the other dimensions must match.
     """
-    return HorovodAllgather.apply(tensor, name, process_set)
+    if _tracked((tensor,)):
+        return HorovodAllgather.apply(tensor, name, process_set)
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -167,7 +184,9 @@ class HorovodBroadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns a copy of global rank `root_rank`'s `tensor` (differentiable); input unchanged."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    if _tracked((tensor,)):
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 class HorovodAlltoall(torch.autograd.Function):
