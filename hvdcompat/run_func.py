@@ -7,32 +7,31 @@ horovodrun's names), parsed by its parser and turned into the mpirun line by
 exactly as ``hvdcompatrun -np N -H ... python -m hvdcompat.run_task`` would
 be. Every rank then fetches the pickled function from this process over the
 channel of Note [Run channel] (``hvdcompat/run_channel.py``), runs it and
-sends back its return value or its exception. How the job is started,
-watched and its reports turned into errors is :mod:`hvdcompat.run_job`.
+sends back its return value or its exception.
+
+This module turns the parameters into hvdcompatrun's options and launches a
+plain job with one mpirun; an elastic job (any of :data:`ELASTIC_PARAMETERS`)
+is launched by :mod:`hvdcompat.run_elastic`. How a job is started, watched
+and its reports turned into errors is :mod:`hvdcompat.run_job`, for both.
 """
 
 import os
 import shlex
 import socket
 import subprocess
-import threading
 import warnings
 
 import cloudpickle
 
-from hvdcompat import run_channel, run_job
+from hvdcompat import run_channel, run_elastic, run_job
 from hvdcompat.exceptions import HorovodInternalError
+from hvdcompat.run_elastic import ELASTIC_PARAMETERS
 from hvdcompat.run_job import RankFailedError
 
 __all__ = ["run", "RankFailedError", "ELASTIC_PARAMETERS", "DEFAULT_START_TIMEOUT_S"]
 
 # Horovod's default; HOROVOD_START_TIMEOUT overrides it, as in Horovod.
 DEFAULT_START_TIMEOUT_S = 30.0
-
-# Parameters that only an elastic job uses (Horovod: any of them makes the job elastic); the
-# last two are hvdcompat's, for hvdcompatrun's flags of the same names.
-ELASTIC_PARAMETERS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
-                      "host_discovery_script", "elastic_timeout")
 
 # run() parameters that map to an hvdcompatrun option, by horovodrun's spellings.
 _OPTION_SPELLINGS = {
@@ -48,49 +47,10 @@ _MPI_ARGS_HINT = {
 }
 
 
-
 def _deprecated(old, new, value, current, default):
     warnings.warn(f"hvdcompat.run: {old}= is deprecated, use {new}= instead",
                   DeprecationWarning, stacklevel=3)
     return value if current == default else current
-
-
-def _elastic_options(settings, hosts, hostfile):
-    """hvdcompatrun's elastic flag tokens for run()'s elastic parameters.
-
-    Raises:
-        ValueError: a value of the wrong kind, or parameters that exclude each other.
-    """
-    tokens = []
-    for param, flag in (("min_num_proc", "--min-np"), ("max_num_proc", "--max-np"),
-                        ("slots", "--slots-per-host"), ("reset_limit", "--reset-limit"),
-                        ("elastic_timeout", "--elastic-timeout")):
-        value = settings.get(param)
-        if value is None:
-            continue
-        low = 0 if param in ("reset_limit", "elastic_timeout") else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"hvdcompat.run: {param} must be a whole number >= {low}, got "
-                             f"{value!r}")
-        tokens.append(f"{flag}={value}")
-    cooldown = settings.get("cooldown_range")
-    if cooldown is not None:
-        try:
-            low, high = cooldown
-        except (TypeError, ValueError):
-            low = high = None
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) \
-                or not 0 <= low <= high:
-            raise ValueError(f"hvdcompat.run: cooldown_range must be a pair (MIN, MAX) of whole "
-                             f"seconds with 0 <= MIN <= MAX, got {cooldown!r}")
-        tokens += ["--blacklist-cooldown-range", str(low), str(high)]
-    script = settings.get("host_discovery_script")
-    if script is not None:
-        if hosts is not None or hostfile is not None:
-            raise ValueError("hvdcompat.run: host_discovery_script replaces hosts/hostfile "
-                             "(the script's output is the host list); give one of them")
-        tokens.append(f"--host-discovery-script={os.fspath(script)}")
-    return tokens
 
 
 def _start_timeout(start_timeout):
@@ -120,17 +80,6 @@ def _host_list(hosts, hostfile):
     except _hosts.HostListError as e:
         raise ValueError(f"hvdcompat.run: {e}") from None
     return []
-
-
-def _discovered_hosts(options):
-    """The hosts the discovery script offers now (for the addresses the ranks call back on)."""
-    from hvdcompat.runner import elastic as _elastic
-    from hvdcompat.runner import hosts as _hosts
-
-    try:
-        return _elastic.discover(options.host_discovery_script, options.slots_per_host)
-    except _hosts.HostListError as e:
-        raise ValueError(f"hvdcompat.run: {e}") from None
 
 
 def _driver_addresses(host_list):
@@ -185,79 +134,35 @@ def _launcher_parser():
     return parser
 
 
-def _elastic_values(results, failures, num_proc, hosts_of, lost, problems, code):
-    """The final world's return values, by its ranks (raises when it did not finish)."""
-    places = {rank: report.get("final") for rank, report in results.items()}
-    if results and all(p is None for p in places.values()) and len(results) == num_proc:
-        places = {rank: (rank, num_proc) for rank in results}  # no reset was ever needed
-    sizes = {p[1] for p in places.values() if p is not None}
-    final_ranks = sorted(p[0] for p in places.values() if p is not None)
-    if len(sizes) == 1 and None not in places.values() and \
-            final_ranks == list(range(sizes.pop())):
-        by_final = {places[rank][0]: report for rank, report in results.items()}
-        return [by_final[r] for r in range(len(by_final))]
+def _launch(options, listener, job, secret, timeout, addresses, executable, output_filename,
+            verbose):
+    """Runs the job with one mpirun; returns its exit code (None when it had to be stopped)."""
+    cmd, env = run_job.plan(options, listener.port, addresses, secret, timeout, executable,
+                            output_filename)
+    if verbose:
+        print("hvdcompat.run: " + shlex.join(cmd), flush=True)
+    listener.start()
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        code = run_job.collect(proc, job, job.num_proc, timeout)
+        job.drain()
+    finally:
+        run_job.stop(proc)
+    return code
+
+
+def _rank_reports(results, failures, num_proc, hosts_of, lost, problems, code):
+    """Every rank's result report, by rank (raises when one failed or is missing)."""
     if failures:
         error, cause = run_job.failure_error(failures[0], failures, num_proc, hosts_of, results,
                                              lost, problems, code)
         raise error from cause
-    described = ", ".join(f"rank {rank} as {p[0]} of {p[1]}" if p else f"rank {rank} (not in a "
-                          "running job when it returned)" for rank, p in sorted(places.items()))
-    raise HorovodInternalError(
-        f"hvdcompat.run: the elastic job ended without a complete final world: "
-        f"{len(results)} of {num_proc} started rank(s) returned ({described or 'none'}); the "
-        "ranks' output is above.\n"
-        + run_job.describe_missing(num_proc, hosts_of, results, lost, problems, code))
-
-
-def _launch_elastic(options, listener, job, secret, timeout, addresses, executable,
-                    output_filename, verbose):
-    """Runs the job under hvdcompatrun's elastic driver; returns mpirun's exit code."""
-    from hvdcompat.runner.elastic import ElasticDriver
-
-    codes = []
-
-    def plan(extra_env, hosts=None):
-        if hosts is not None:
-            from hvdcompat.runner.errors import LaunchError
-
-            # Growth restarts every worker from the last commit, which would call
-            # `func` again in new processes whose values this call cannot pair
-            # with the first launch's.
-            raise LaunchError(
-                "hvdcompat.run: hosts were added to the elastic job, and growing restarts every "
-                "worker, which hvdcompat.run does not support; run the training script under "
-                "hvdcompatrun's elastic flags (--host-discovery-script, --min-np, --max-np) to "
-                "let a job grow, or give hvdcompat.run a discovery script that only removes hosts.")
-        return run_job.plan(options, listener.port, addresses, secret, timeout, executable,
-                            output_filename, extra_env)
-
-    def launch_ranks(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
-        job.num_proc = options.planned_np
-        listener.start()
-        proc = subprocess.Popen(cmd, env=env)
-        stop_watch = threading.Event()
-
-        def watch():
-            # The driver's verdict (too few slots past the timeout, the reset
-            # limit, every host blacklisted) ends the job.
-            while not stop_watch.wait(0.5):
-                if abort is not None and abort():
-                    run_job.stop(proc)
-                    return
-
-        watcher = threading.Thread(target=watch, name="hvdcompat-run-abort", daemon=True)
-        watcher.start()
-        try:
-            codes.append(run_job.collect(proc, job, job.num_proc, timeout, elastic=True))
-            job.drain()
-        finally:
-            stop_watch.set()
-            run_job.stop(proc)
-        return 1 if codes[-1] is None else codes[-1]
-
-    options.verbose = bool(verbose)  # the driver prints the mpirun line
-    ElasticDriver.launch(options, plan, launch_ranks)
-    return codes[-1] if codes else None
+    if len(results) < num_proc or code != 0 or problems:
+        raise HorovodInternalError(
+            f"hvdcompat.run: the job ended with {len(results)} of {num_proc} results; the "
+            "ranks' output is above.\n"
+            + run_job.describe_missing(num_proc, hosts_of, results, lost, problems, code))
+    return [results[rank] for rank in range(num_proc)]
 
 
 def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
@@ -381,10 +286,10 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     parser = _launcher_parser()
     tokens = _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
     if elastic:
-        tokens += _elastic_options(elastic, hosts, hostfile)
+        tokens += run_elastic.elastic_options(elastic, hosts, hostfile)
     options = parser.parse_args(tokens)
     if host_discovery_script is not None:
-        host_list = _discovered_hosts(options)
+        host_list = run_elastic.discovered_hosts(options)
     else:
         host_list = _host_list(hosts, hostfile)
     bind, addresses = _driver_addresses(host_list)
@@ -392,40 +297,16 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     job = run_job.Job(num_proc or 0, payload)
     secret = run_channel.new_secret()
     listener = run_channel.Listener(bind, secret, job.handle)
-    proc = None
+    launch = run_elastic.launch if elastic else _launch
     try:
-        if elastic:
-            code = _launch_elastic(options, listener, job, secret, timeout, addresses,
-                                   executable, output_filename, verbose)
-        else:
-            cmd, env = run_job.plan(options, listener.port, addresses, secret, timeout,
-                                    executable, output_filename)
-            if verbose:
-                print("hvdcompat.run: " + shlex.join(cmd), flush=True)
-            listener.start()
-            proc = subprocess.Popen(cmd, env=env)
-            code = run_job.collect(proc, job, num_proc, timeout)
-            job.drain()
+        code = launch(options, listener, job, secret, timeout, addresses, executable,
+                      output_filename, verbose)
     finally:
-        if proc is not None:
-            run_job.stop(proc)
         listener.stop()
 
-    num_proc = job.num_proc
     hosts_of, results, failures, lost, problems = job.snapshot()
-    if elastic:
-        reports = _elastic_values(results, failures, num_proc, hosts_of, lost, problems, code)
-    else:
-        if failures:
-            error, cause = run_job.failure_error(failures[0], failures, num_proc, hosts_of,
-                                                 results, lost, problems, code)
-            raise error from cause
-        if len(results) < num_proc or code != 0 or problems:
-            raise HorovodInternalError(
-                f"hvdcompat.run: the job ended with {len(results)} of {num_proc} results; the "
-                "ranks' output is above.\n"
-                + run_job.describe_missing(num_proc, hosts_of, results, lost, problems, code))
-        reports = [results[rank] for rank in range(num_proc)]
+    reports_of = run_elastic.final_reports if elastic else _rank_reports
+    reports = reports_of(results, failures, job.num_proc, hosts_of, lost, problems, code)
     values = []
     for index, report in enumerate(reports):
         try:

@@ -5,7 +5,7 @@ The mpirun line that starts every rank's :mod:`hvdcompat.run_task`
 (:class:`Job`), waiting for mpirun (:func:`collect`, :func:`stop`), and the
 errors those reports become (:class:`RankFailedError`, :func:`failure_error`,
 :func:`describe_missing`). :mod:`hvdcompat.run_func` launches the job with
-one mpirun or under hvdcompatrun's elastic driver.
+one mpirun, :mod:`hvdcompat.run_elastic` under hvdcompatrun's elastic driver.
 """
 
 import os
