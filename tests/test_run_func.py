@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hvdcompat as hvd
-from hvdcompat import run_func
+from hvdcompat import run_elastic, run_func
 from hvdcompat.exceptions import HorovodInternalError
 from hvdcompat.run_func import RankFailedError
 from hvdcompat.run_task import world_rank
@@ -172,10 +172,10 @@ def test_elastic_parameters_become_hvdcompatrun_elastic_flags(tmp_path):
     script = tmp_path / "discover.sh"
     parser = run_func._launcher_parser()
     tokens = run_func._launcher_options(parser, None, None, None, None, None, {}) + \
-        run_func._elastic_options({"min_num_proc": 2, "max_num_proc": 4, "slots": 2,
-                                   "reset_limit": 3, "cooldown_range": (1, 9),
-                                   "host_discovery_script": script, "elastic_timeout": 30},
-                                  None, None)
+        run_elastic.elastic_options({"min_num_proc": 2, "max_num_proc": 4, "slots": 2,
+                                     "reset_limit": 3, "cooldown_range": (1, 9),
+                                     "host_discovery_script": script, "elastic_timeout": 30},
+                                    None, None)
     options = parser.parse_args(tokens)
     assert (options.num_proc, options.min_np, options.max_np, options.slots_per_host,
             options.reset_limit, options.blacklist_cooldown_range, options.host_discovery_script,
