@@ -38,21 +38,21 @@ void Combine(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
-constexpr std::array<ReduceOp, 4> kOps = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
-                                          ReduceOp::kProduct};
+// The ops' order in each dtype's four: Sum (also Average's), Min, Max, Product.
+int OpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return 1;
+    case ReduceOp::kMax: return 2;
+    case ReduceOp::kProduct: return 3;
+    default: return 0;
+  }
+}
 
 template <DataType D>
 void CreateFor(MPI_Op* out) {
   MPI_User_function* fns[4] = {&Combine<D, ReduceOp::kSum>, &Combine<D, ReduceOp::kMin>,
                                &Combine<D, ReduceOp::kMax>, &Combine<D, ReduceOp::kProduct>};
   for (int i = 0; i < 4; ++i) HVD_MPI_CHECK(MPI_COMM_NULL, MPI_Op_create(fns[i], 1, &out[i]));
-}
-
-int OpIndex(ReduceOp op) {
-  for (int i = 0; i < 4; ++i) {
-    if (kOps[static_cast<size_t>(i)] == op) return i;
-  }
-  return 0;  // Average (and Sum) reduce as Sum
 }
 
 }  // namespace

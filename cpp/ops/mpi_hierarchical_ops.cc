@@ -29,21 +29,15 @@ NodeSplit SplitByNode(MPI_Comm comm, int rank, const Config& config) {
 MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
-  const NodeSplit split = SplitByNode(comm_, rank_, config);
-  local_ = split.local;
-  cross_ = split.cross;
-  local_rank_ = split.local_rank;
-  local_size_ = split.local_size;
-  cross_rank_ = split.cross_rank;
-  cross_size_ = split.cross_size;
+  split_ = SplitByNode(comm_, rank_, config);
 
   // {min local size, -max local size, nodes of consecutive ranks everywhere}
-  int facts[3] = {local_size_, -local_size_,
-                  rank_ == cross_rank_ * local_size_ + local_rank_ ? 1 : 0};
+  int facts[3] = {split_.local_size, -split_.local_size,
+                  rank_ == split_.cross_rank * split_.local_size + split_.local_rank ? 1 : 0};
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, facts, 3, MPI_INT, MPI_MIN, comm_));
   const bool homogeneous = facts[0] == -facts[1];
   const bool consecutive = homogeneous && facts[2] == 1;
-  const bool layered = local_size_ > 1 && cross_size_ > 1;
+  const bool layered = split_.local_size > 1 && split_.cross_size > 1;
   allreduce_ = config.hierarchical_allreduce && homogeneous && layered;
   allgather_ = config.hierarchical_allgather && consecutive && layered;
 
@@ -54,7 +48,7 @@ MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
              std::to_string(-facts[1]) + ")";
     }
     if (!layered) {
-      return local_size_ == 1 ? "one rank per node" : "one node";
+      return split_.local_size == 1 ? "one rank per node" : "one node";
     }
     if (wanted_consecutive && !consecutive) return "nodes are not made of consecutive ranks";
     return "";
@@ -68,8 +62,8 @@ MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
                    << why(true) << ")";
   }
   if (allreduce_ || allgather_) {
-    HVD_LOG(kDebug) << "hierarchical host collectives: " << cross_size_ << " nodes x "
-                    << local_size_ << " ranks";
+    HVD_LOG(kDebug) << "hierarchical host collectives: " << split_.cross_size << " nodes x "
+                    << split_.local_size << " ranks";
   }
 }
 
@@ -77,7 +71,7 @@ MpiHierarchy::~MpiHierarchy() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&cross_, &local_}) {
+  for (MPI_Comm* c : {&split_.cross, &split_.local}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 }
@@ -87,48 +81,48 @@ MpiHierarchy::~MpiHierarchy() {
 // pending operations, as on the flat path.
 void MpiHierarchy::Allreduce(void* buf, int count, MPI_Datatype type, size_t esize, MPI_Op op) {
   // Shard i of the node: count / L elements, the first count % L shards one more.
-  std::vector<int> counts(local_size_), displs(local_size_);
+  std::vector<int> counts(split_.local_size), displs(split_.local_size);
   int at = 0;
-  for (int i = 0; i < local_size_; ++i) {
-    counts[i] = count / local_size_ + (i < count % local_size_ ? 1 : 0);
+  for (int i = 0; i < split_.local_size; ++i) {
+    counts[i] = count / split_.local_size + (i < count % split_.local_size ? 1 : 0);
     displs[i] = at;
     at += counts[i];
   }
-  const int mine = counts[local_rank_];
+  const int mine = counts[split_.local_rank];
   char* shard = shard_.Reserve(static_cast<size_t>(mine) * esize);
-  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(buf, shard, counts.data(), type, op, local_));
-  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, shard, mine, type, op, cross_));
+  HVD_MPI_CHECK(comm_, MPI_Reduce_scatter(buf, shard, counts.data(), type, op, split_.local));
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, shard, mine, type, op, split_.cross));
   HVD_MPI_CHECK(comm_, MPI_Allgatherv(shard, mine, type, buf, counts.data(), displs.data(),
-                                       type, local_));
+                                       type, split_.local));
 }
 
 void MpiHierarchy::Allgatherv(const void* send, int send_count, void* recv, const int* counts,
                               const int* displs, MPI_Datatype type, size_t esize) {
   // Nodes are consecutive ranks (checked at construction): node c holds ranks
   // c*L .. c*L+L-1, and its block of the output is contiguous.
-  const int first = cross_rank_ * local_size_;
-  std::vector<int> lcounts(local_size_), ldispls(local_size_);
-  for (int i = 0; i < local_size_; ++i) {
+  const int first = split_.cross_rank * split_.local_size;
+  std::vector<int> lcounts(split_.local_size), ldispls(split_.local_size);
+  for (int i = 0; i < split_.local_size; ++i) {
     lcounts[i] = counts[first + i];
     ldispls[i] = displs[first + i] - displs[first];
   }
   char* node_block = static_cast<char*>(recv) + static_cast<size_t>(displs[first]) * esize;
   HVD_MPI_CHECK(comm_, MPI_Gatherv(send, send_count, type, node_block, lcounts.data(),
-                                    ldispls.data(), type, 0, local_));
-  if (local_rank_ == 0) {
+                                    ldispls.data(), type, 0, split_.local));
+  if (split_.local_rank == 0) {
     // The cross communicator of local rank 0 holds the nodes' first ranks, in node order.
-    std::vector<int> ncounts(cross_size_), ndispls(cross_size_);
-    for (int c = 0; c < cross_size_; ++c) {
+    std::vector<int> ncounts(split_.cross_size), ndispls(split_.cross_size);
+    for (int c = 0; c < split_.cross_size; ++c) {
       int64_t n = 0;
-      for (int i = 0; i < local_size_; ++i) n += counts[c * local_size_ + i];
+      for (int i = 0; i < split_.local_size; ++i) n += counts[c * split_.local_size + i];
       ncounts[c] = static_cast<int>(n);
-      ndispls[c] = displs[c * local_size_];
+      ndispls[c] = displs[c * split_.local_size];
     }
     HVD_MPI_CHECK(comm_, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
-                                         ncounts.data(), ndispls.data(), type, cross_));
+                                         ncounts.data(), ndispls.data(), type, split_.cross));
   }
   const int64_t total = static_cast<int64_t>(displs[size_ - 1]) + counts[size_ - 1];
-  HVD_MPI_CHECK(comm_, MPI_Bcast(recv, static_cast<int>(total), type, 0, local_));
+  HVD_MPI_CHECK(comm_, MPI_Bcast(recv, static_cast<int>(total), type, 0, split_.local));
 }
 
 }  // namespace hvdcompat

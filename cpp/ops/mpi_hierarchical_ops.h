@@ -59,7 +59,7 @@ class MpiHierarchy {
   MpiHierarchy& operator=(const MpiHierarchy&) = delete;
 
   // Whether an in-place allreduce of `count` elements takes the three steps.
-  bool UseAllreduce(int64_t count) const { return allreduce_ && count >= local_size_; }
+  bool UseAllreduce(int64_t count) const { return allreduce_ && count >= split_.local_size; }
   // Whether an allgather with `total` output elements takes the three steps.
   bool UseAllgather(int64_t total) const { return allgather_ && total <= INT32_MAX; }
 
@@ -70,16 +70,13 @@ class MpiHierarchy {
   void Allgatherv(const void* send, int send_count, void* recv, const int* counts,
                   const int* displs, MPI_Datatype type, size_t esize);
 
-  int local_size() const { return local_size_; }
-  int cross_size() const { return cross_size_; }
+  int local_size() const { return split_.local_size; }
+  int cross_size() const { return split_.cross_size; }
 
  private:
   MPI_Comm comm_;  // not owned
-  MPI_Comm local_ = MPI_COMM_NULL;
-  MPI_Comm cross_ = MPI_COMM_NULL;
+  NodeSplit split_;  // the node and cross communicators (owned) and this rank's place in them
   int rank_ = 0, size_ = 1;
-  int local_rank_ = 0, local_size_ = 1;
-  int cross_rank_ = 0, cross_size_ = 1;
   bool allreduce_ = false;
   bool allgather_ = false;
   HostScratch shard_;

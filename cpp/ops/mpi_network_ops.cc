@@ -107,24 +107,19 @@ NetworkAllreduce::NetworkAllreduce(MPI_Comm comm, const MpiOps* ops, const Confi
       wire_16bit_(config.network_16bit_wire) {
   HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
-  const NodeSplit split = SplitByNode(comm_, rank_, config);
-  local_ = split.local;
-  cross_ = split.cross;
-  local_rank_ = split.local_rank;
-  local_size_ = split.local_size;
-  cross_size_ = split.cross_size;
-  int sizes[2] = {local_size_, -local_size_};  // min and -max local size
+  split_ = SplitByNode(comm_, rank_, config);
+  int sizes[2] = {split_.local_size, -split_.local_size};  // min and -max local size
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
-  int leader = local_rank_ == 0 ? 1 : 0;
+  int leader = split_.local_rank == 0 ? 1 : 0;
   HVD_MPI_CHECK(comm_, MPI_Allreduce(&leader, &hosts_, 1, MPI_INT, MPI_SUM, comm_));
   homogeneous_ = sizes[0] == -sizes[1];
-  const bool layered = homogeneous_ && local_size_ > 1 && hosts_ > 1;
+  const bool layered = homogeneous_ && split_.local_size > 1 && hosts_ > 1;
   hierarchical_ = layered && (config.hierarchical_allreduce_set ? config.hierarchical_allreduce
                                                                 : true);
   // What one rank puts on the link per segment is the segment size: a
   // hierarchical segment is local_size shards of that size (and half as many
   // waits on the host's other ranks as with shards of segment / local_size).
-  if (hierarchical_) segment_bytes_ = std::min<int64_t>(segment_bytes_ * local_size_, int64_t{1} << 30);
+  if (hierarchical_) segment_bytes_ = std::min<int64_t>(segment_bytes_ * split_.local_size, int64_t{1} << 30);
   for (int i = 0; i < depth_; ++i) slots_.push_back(std::make_unique<Slot>());
 }
 
@@ -132,7 +127,7 @@ NetworkAllreduce::~NetworkAllreduce() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&cross_, &local_}) {
+  for (MPI_Comm* c : {&split_.cross, &split_.local}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 }
@@ -141,13 +136,13 @@ std::string NetworkAllreduce::Describe() const {
   std::ostringstream o;
   o << "network plan, " << hosts_ << " host(s) x ";
   if (homogeneous_) {
-    o << local_size_;
+    o << split_.local_size;
   } else {
     o << "uneven numbers of";
   }
   o << " rank(s), " << (hierarchical_ ? "hierarchical" : "flat") << ", segments of "
     << Mib(segment_bytes_);
-  if (hierarchical_) o << " (" << Mib(segment_bytes_ / local_size_) << " per rank across hosts)";
+  if (hierarchical_) o << " (" << Mib(segment_bytes_ / split_.local_size) << " per rank across hosts)";
   o << ", " << depth_
     << " in flight";
   return o.str();
@@ -170,23 +165,23 @@ void NetworkAllreduce::Start(Segment& s, Slot& slot) {
     return;
   }
   // Shard i of the host: n / L elements, the first n % L shards one more.
-  slot.counts.resize(local_size_);
-  slot.displs.resize(local_size_);
+  slot.counts.resize(split_.local_size);
+  slot.displs.resize(split_.local_size);
   int at = 0;
-  for (int i = 0; i < local_size_; ++i) {
-    slot.counts[i] = n / local_size_ + (i < n % local_size_ ? 1 : 0);
+  for (int i = 0; i < split_.local_size; ++i) {
+    slot.counts[i] = n / split_.local_size + (i < n % split_.local_size ? 1 : 0);
     slot.displs[i] = at;
     at += slot.counts[i];
   }
-  const int mine = slot.counts[local_rank_];
+  const int mine = slot.counts[split_.local_rank];
   const size_t wsize = DataTypeSize(slot.wire);
   char* shard = slot.shard.Reserve(static_cast<size_t>(mine) * wsize);
   const void* send = s.src == MPI_IN_PLACE ? s.dst : s.src;
   MPI_Request req;
-  HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, shard, slot.counts.data(), type, op, local_,
+  HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, shard, slot.counts.data(), type, op, split_.local,
                                            &req));
   Wait(&req, "allreduce: reduce-scatter inside the host");
-  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, shard, mine, type, op, cross_, &s.request));
+  HVD_MPI_CHECK(comm_, MPI_Iallreduce(MPI_IN_PLACE, shard, mine, type, op, split_.cross, &s.request));
   if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -194,12 +189,12 @@ void NetworkAllreduce::Finish(Segment& s, Slot& slot) {
   Wait(&s.request, s.hier ? "allreduce of the host's shard across hosts" : "allreduce across hosts");
   if (s.hier) {
     MPI_Datatype type = ops_->Type(slot.wire);
-    const int mine = slot.counts[local_rank_];
+    const int mine = slot.counts[split_.local_rank];
     MPI_Request req;
     HVD_MPI_CHECK(comm_, MPI_Iallgatherv(slot.shard.Reserve(static_cast<size_t>(mine) *
                                                              DataTypeSize(slot.wire)),
                                          mine, type, s.dst, slot.counts.data(),
-                                         slot.displs.data(), type, local_, &req));
+                                         slot.displs.data(), type, split_.local, &req));
     Wait(&req, "allreduce: allgather inside the host");
   }
   if (s.packed) {
@@ -248,7 +243,7 @@ void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataTy
   };
   auto launch = [&](Slot& slot) {
     // A segment smaller than the host's rank count would leave shards empty.
-    slot.seg.hier = hierarchical_ && slot.seg.count >= local_size_;
+    slot.seg.hier = hierarchical_ && slot.seg.count >= split_.local_size;
     Start(slot.seg, slot);
     inflight.push_back(&slot);
   };

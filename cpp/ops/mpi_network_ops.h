@@ -12,6 +12,7 @@
 #include "core/engine_stats.h"
 #include "core/env.h"
 #include "negotiation/fusion.h"
+#include "ops/mpi_hierarchical_ops.h"
 #include "transport/mpi_util.h"
 #include "transport/request_wait.h"
 
@@ -98,14 +99,11 @@ class NetworkAllreduce {
   void Wait(MPI_Request* request, const char* what);
 
   MPI_Comm comm_;  // the set's; not owned
-  MPI_Comm local_ = MPI_COMM_NULL;
-  MPI_Comm cross_ = MPI_COMM_NULL;
+  NodeSplit split_;  // the node and cross communicators (owned) and this rank's place in them
   const MpiOps* ops_;
   EngineStats* stats_;
   WaitPolicy wait_;
   int rank_ = 0, size_ = 1;
-  int local_rank_ = 0, local_size_ = 1;
-  int cross_size_ = 1;
   int hosts_ = 1;
   bool homogeneous_ = true;
   bool hierarchical_ = false;
