@@ -134,6 +134,38 @@ _TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5,
 
 
 @contextlib.contextmanager
+def saved_environ(*names):
+    """Restores the environment variables `names` (their values, or their absence) on exit."""
+    saved = {k: os.environ.get(k) for k in names}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def restarted(env):
+    """Runs the body on an engine re-initialised with the variables `env` set.
+
+    The launch's environment and engine are restored afterwards. Collective:
+    every rank must enter it together.
+    """
+    hvd.shutdown()
+    with saved_environ(*env):
+        os.environ.update(env)
+        hvd.init()
+        try:
+            yield
+        finally:
+            hvd.shutdown()
+    hvd.init()
+
+
+@contextlib.contextmanager
 def engine(**knobs):
     """Runs the body on an engine re-initialised with HVDCOMPAT_<KNOB>=value.
 
@@ -143,18 +175,5 @@ def engine(**knobs):
     """
     from hvdcompat.basics import _core
 
-    names = {f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}
-    saved = {k: os.environ.get(k) for k in names}
-    hvd.shutdown()
-    os.environ.update(names)
-    hvd.init()
-    try:
+    with restarted({f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}):
         yield _core.config()
-    finally:
-        hvd.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        hvd.init()

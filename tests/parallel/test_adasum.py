@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hvdcompat as hvd
-from parallel_util import FLOAT_DTYPES, dtype_id, key_of
+from parallel_util import FLOAT_DTYPES, dtype_id, key_of, saved_environ
 
 _MIN_NORM_SQ = math.sqrt(sys.float_info.min)
 
@@ -25,16 +25,9 @@ _MIN_NORM_SQ = math.sqrt(sys.float_info.min)
 def engine_knobs(**knobs):
     """HVDCOMPAT_<KNOB>=value in the environment for the body (read by hvd.init)."""
     names = {f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
-    try:
+    with saved_environ(*names):
+        os.environ.update(names)
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _combine(a, b):

@@ -19,7 +19,7 @@ import torch
 
 import hvdcompat as hvd
 from hvdcompat.basics import _core
-from parallel_util import all_inputs, assert_same, expected_reduce
+from parallel_util import all_inputs, assert_same, expected_reduce, restarted
 
 HOROVOD_COLUMNS = ("hierarchical_allreduce,hierarchical_allgather,torus_allreduce,"
                    "cache_enabled,cycle_time_ms,tensor_fusion_threshold,score")
@@ -34,21 +34,8 @@ TUNABLES = ("fusion_threshold_bytes", "cycle_time_ms", "fusion_chunk_bytes", "ma
 @contextlib.contextmanager
 def autotuned_engine(**env):
     """Re-initialises the engine with `env` (Horovod's spellings); restores the launch's."""
-    names = dict(SCHEDULE, **env)
-    saved = {k: os.environ.get(k) for k in names}
-    hvd.shutdown()
-    os.environ.update(names)
-    hvd.init()
-    try:
+    with restarted(dict(SCHEDULE, **env)):
         yield
-    finally:
-        hvd.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        hvd.init()
 
 
 def _step_inputs():

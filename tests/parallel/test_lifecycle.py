@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hvdcompat as hvd
+from parallel_util import saved_environ
 
 
 def test_fifty_shutdown_init_cycles():
@@ -95,15 +96,9 @@ def _engine_thread_cores():
 
 @pytest.fixture
 def affinity_env():
-    saved = {k: os.environ.get(k) for k in ("HOROVOD_THREAD_AFFINITY",
-                                            "HVDCOMPAT_THREAD_AFFINITY")}
-    yield
-    hvd.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with saved_environ("HOROVOD_THREAD_AFFINITY", "HVDCOMPAT_THREAD_AFFINITY"):
+        yield
+        hvd.shutdown()
     hvd.init()
 
 
