@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import sys
 import threading
 import time
 
@@ -25,40 +26,44 @@ _lifecycle_lock = threading.RLock()
 class _ProcessExit:
     """How this process ends: facts gathered while it runs, read at interpreter exit.
 
-    They belong to the process, not to a session: a shutdown after a reset
-    that lost ranks must still skip MPI_Finalize at exit.
+    They belong to the process, not to a session.
     """
 
     def __init__(self):
         self.registered = False  # _at_exit is registered with atexit
         self.as_failed_rank = False  # see _exit_as_failed_rank
-        # Set once a reset has left ranks behind (or an elastic rank finished
-        # under ULFM): at exit the engine is stopped but MPI_Finalize is skipped
-        # (Note [No MPI_Finalize after a lost rank]).
-        self.lost_ranks = False
 
 
 _exit = _ProcessExit()
 
-# Note [No MPI_Finalize after a lost rank]
-# Under hvdcompatrun's fault-tolerant flags Open MPI runs ULFM's heartbeat
-# failure detector (mpi_ft_detector, in its own thread): the processes of
-# MPI_COMM_WORLD form a ring, each watching its predecessor. MPI_Finalize
-# first tells the watcher that this process stops, then waits until its
-# watched process says the same (ompi_comm_failure_detector_finalize). Once a
-# process of the world has died that wait never ends on the survivors (seen in
-# every run with a stack dump: both survivors spinning in that function;
-# without the detector, finalize returns). The detector cannot be stopped
-# from outside MPI_Finalize, and it is what notices a lost host, so a
-# survivor ends without MPI_Finalize: the engine is shut down, stdio flushed,
-# and the interpreter exits normally, with its own exit code (sys.exit(N),
-# 1 after an unhandled exception). Open MPI then counts the process as ended
-# without finalizing, which under ULFM does not affect the others.
 
+def _end_if_mpi4py_would_hang_at_exit():
+    """Ends this process where mpi4py's MPI_Finalize at exit would keep the job from ending.
 
-def _skip_finalize_at_exit():
-    """Makes this process end without MPI_Finalize (Note [No MPI_Finalize after a lost rank])."""
-    _exit.lost_ranks = True
+    Under ULFM hvdcompat never finalizes MPI (Note [No MPI_Finalize under
+    ULFM], cpp/engine/elastic_reset.h), but MPI that mpi4py initialised is
+    finalized by mpi4py at exit, and there that call never returns. Raising
+    would not help: the process would still hang at exit after the error. So
+    the process ends here, at once, with exit code 1 and a line saying what
+    to change.
+    """
+    mpi4py = sys.modules.get("mpi4py")
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    if getattr(getattr(mpi4py, "rc", None), "finalize", None) is False:
+        return
+    if not _core.fault_tolerance_enabled():
+        return
+    print(f"hvd.init() on rank {MPI.COMM_WORLD.Get_rank()}: MPI was initialised by mpi4py and "
+          "this job runs with ULFM (hvdcompatrun --fault-tolerant or an elastic launch). "
+          "mpi4py would call MPI_Finalize at exit, which never returns under ULFM's failure "
+          "detector, so the job could not end; this process ends now (exit code 1). Import "
+          "mpi4py's MPI after hvd.init() (hvdcompat then leaves MPI unfinalized at exit, as "
+          "ULFM allows), or set mpi4py.rc.finalize = False before `from mpi4py import MPI`.",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _comm_arguments(comm):
@@ -137,6 +142,7 @@ def init(comm=None, process_sets=None):
     with _lifecycle_lock:
         if _core.is_initialized():
             return
+        _end_if_mpi4py_would_hang_at_exit()
         handle, ranks = _comm_arguments(comm)
         static_sets = _ps._parse_init_argument(process_sets, comm)
         _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
@@ -190,8 +196,6 @@ def _elastic_reset():
         if new is not None:
             new.last_reset_seconds = time.monotonic() - started
         _ps._after_reset(new)
-        if len(survivors) < old.size:
-            _exit.lost_ranks = True
         return survivors
 
 
@@ -226,7 +230,6 @@ def _mark_final_world():
 
 
 def _at_exit():
-    import sys
 
     if _exit.as_failed_rank:
         sys.stdout.flush()
@@ -234,16 +237,8 @@ def _at_exit():
         os._exit(1)
     if _core.is_initialized():
         _mark_final_world()
-    if _exit.lost_ranks:
-        # Note [No MPI_Finalize after a lost rank]: the engine stops, MPI is
-        # left as it is, and the interpreter goes on to exit with its code.
-        with _lifecycle_lock:
-            if _core.is_initialized():
-                _core.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return
-    # Stop the engine, then finalize MPI if we were the ones to start it.
+    # Stop the engine, then finalize MPI if we were the ones to start it and
+    # it runs without ULFM (Note [No MPI_Finalize under ULFM]).
     with _lifecycle_lock:
         _core.finalize()
         _session.end()

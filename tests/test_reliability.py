@@ -1,12 +1,17 @@
 """Failures become errors within bounds, stalls are explained, timelines stay valid."""
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
-from harness import flavor, run_ranks
+from harness import REPO, flavor, mpi_env, mpirun, run_ranks
+from hvdcompat.runner.mpirun_command import FAULT_TOLERANT_ARGS
 
 PY = sys.executable
 
@@ -114,3 +119,76 @@ def test_exit_without_shutdown_is_clean():
     result = run_ranks(3, [PY, "-c", code], timeout=60)
     assert result.output.count("END") == 3
     assert "ERROR" not in result.output and "Traceback" not in result.output
+
+
+def _launch(launcher, flags, env, timeout=150):
+    """Runs tests/scripts/fail_and_exit.py on 3 ranks; returns (exit code, output, end time)."""
+    if launcher == "hvdcompatrun":
+        cmd = [PY, "-m", "hvdcompat.runner.launch", "-np", "3", *flags, PY,
+               "tests/scripts/fail_and_exit.py"]
+    else:
+        cmd = [mpirun(), "-np", "3", "--oversubscribe", "--bind-to", "none", *flags, PY,
+               "tests/scripts/fail_and_exit.py"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s:\n{out}")
+    return proc.returncode, out, time.time()
+
+
+_MODES = {
+    "hvdcompatrun": ("hvdcompatrun", []),
+    "hvdcompatrun --fault-tolerant": ("hvdcompatrun", ["--fault-tolerant"]),
+    "hvdcompatrun elastic": ("hvdcompatrun", ["--min-np", "2"]),
+    "mpirun": ("mpirun", []),
+    "mpirun with ULFM's detector": ("mpirun", FAULT_TOLERANT_ARGS),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+def test_a_failed_rank_ends_the_job_within_seconds(mode, tmp_path):
+    launcher, flags = _MODES[mode]
+    if flavor() == "mpich" and (launcher == "mpirun" and flags or "--fault-tolerant" in flags
+                                or "--min-np" in flags):
+        pytest.skip("fault tolerance (ULFM) is Open MPI 5's")
+    stamp = tmp_path / "failed_at"
+    code, out, ended = _launch(launcher, flags, {"FAIL_STAMP": str(stamp)})
+    assert stamp.exists(), out
+    # The job ends, with a failure, soon after the rank died (ULFM's detector
+    # has a 20 s timeout; a job that never ends is caught by _launch's limit).
+    assert code != 0, out
+    assert ended - float(stamp.read_text()) < 40, out
+    if launcher == "hvdcompatrun":
+        assert re.search(r"hvdcompatrun: rank 2 on host \S+ exited with status 7, the first "
+                         r"rank of the job to fail", out), out
+    if flags and "--min-np" not in flags:
+        # Under ULFM the survivors saw the failure as an error naming rank 2.
+        assert out.count("SURVIVOR") == 2 and "rank(s) 2 on host" in out, out
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_fault_tolerant_job_that_loses_no_rank_ends_with_its_exit_code(exit_code):
+    if flavor() == "mpich":
+        pytest.skip("fault tolerance (ULFM) is Open MPI 5's")
+    code, out, _ = _launch("hvdcompatrun", ["--fault-tolerant"],
+                           {"FAIL_AFTER": "-1", "EXIT_CODE": str(exit_code)}, timeout=120)
+    assert out.count("CLEAN") == 3, out
+    assert code == exit_code, out
+
+
+def test_mpi4py_first_under_ulfm_ends_at_init_saying_what_to_change(tmp_path):
+    if flavor() == "mpich":
+        pytest.skip("fault tolerance (ULFM) is Open MPI 5's")
+    code, out, _ = _launch("hvdcompatrun", ["--fault-tolerant"],
+                           {"MPI4PY_FIRST": "1", "FAIL_STAMP": str(tmp_path / "x")},
+                           timeout=120)
+    assert code == 1, out
+    # The first rank to end this way may make the launcher stop the others
+    # before they print.
+    assert "MPI was initialised by mpi4py and this job runs with ULFM" in out, out
+    assert "mpi4py.rc.finalize = False" in out and "SURVIVOR" not in out, out

@@ -155,7 +155,8 @@ void Finalize() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (core.mpi_owned && initialized && !finalized) MPI_Finalize();
+  // Note [No MPI_Finalize under ULFM] (engine/elastic_reset.h).
+  if (core.mpi_owned && initialized && !finalized && !FaultToleranceEnabled()) MPI_Finalize();
 }
 
 bool IsInitialized() {
@@ -440,7 +441,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); }, py::arg("code"),
         "Aborts every rank of the job (used by the test harness on a failure).");
   m.def("finalize", &Finalize, Release(),
-        "Shut down and, if hvdcompat initialised MPI, finalize it.");
+        "Shut down and, if hvdcompat initialised MPI and it runs without ULFM, finalize it.");
   m.def("is_initialized", &IsInitialized);
   m.def("rank", [] { return RuntimeLease()->mpi().rank(); });
   m.def("size", [] { return RuntimeLease()->mpi().size(); });

@@ -39,6 +39,25 @@ namespace hvdcompat {
 // (`mpirun --with-ft ulfm`).
 bool FaultToleranceEnabled();
 
+// Note [No MPI_Finalize under ULFM]
+// With ULFM enabled, hvdcompat never calls MPI_Finalize at exit: the engine is
+// shut down, and the process ends with the interpreter's own exit code.
+// hvdcompatrun's fault-tolerant flags run ULFM's heartbeat failure detector
+// (mpi_ft_detector, in its own thread): the processes of MPI_COMM_WORLD form
+// a ring, each watching its predecessor, and MPI_Finalize waits in
+// ompi_comm_failure_detector_finalize until the watched process says it
+// stops too. In Open MPI 5.0.11 that wait never ends on every rank of a job
+// of 2 or 3 ranks on one host that lost no rank (seen in every run, stack
+// dumps of both ranks), on jobs across hosts, and on the survivors once a
+// process of the world has died. The detector cannot be stopped from
+// outside MPI_Finalize, and it is what notices a lost host. Every rank of a
+// job sees the same setting, so either all ranks finalize or none does;
+// under ULFM a process that ends without finalizing is tolerated (the job's
+// exit code stays that of its processes). MPI initialised by another library
+// (mpi4py) is finalized by that library, which would hang the same way:
+// hvd.init() ends such a process at once with a line that says what to do
+// (hvdcompat/basics.py).
+
 struct ResetResult {
   std::shared_ptr<Runtime> runtime;  // the rebuilt runtime
   MPI_Comm world = MPI_COMM_NULL;    // the survivors' communicator (caller owns)

@@ -144,18 +144,7 @@ def _report_lost(world, survivors):
 
 
 def _mark_finished():
-    """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world).
-
-    Under ULFM the process then ends without MPI_Finalize (as after a
-    shrink): with Open MPI 5.0's failure detector on, MPI_Finalize of a job
-    spread over several hosts spins in ompi_comm_failure_detector_finalize
-    and never returns.
-    """
-    try:
-        if basics._core.is_initialized() and basics._core.fault_tolerance_enabled():
-            basics._skip_finalize_at_exit()
-    except Exception:  # noqa: BLE001 - not initialised: nothing to skip
-        pass
+    """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world)."""
     directory = basics._core.knob("ELASTIC_DIR")
     if directory:
         with open(os.path.join(directory, f"finished.{basics.rank()}"), "w") as f:
