@@ -179,10 +179,10 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     every rank runs it, so every rank must reach the same collectives.
 
     Any elastic parameter makes the job elastic, launched as hvdcompatrun's
-    elastic flags launch one (fault-tolerant MPI; see the README's "Elastic
-    training"): a rank whose training inside ``hvd.elastic.run`` fails
-    leaves the job and the others continue without it. The values returned
-    are then those of the final world, indexed by its ranks.
+    elastic flags launch one (fault-tolerant MPI; see docs/elastic.md): a
+    rank whose training inside ``hvd.elastic.run`` fails leaves the job and
+    the others continue without it. The values returned are then those of
+    the final world, indexed by its ranks.
 
     Args:
         func: the function; it and ``args``/``kwargs`` must be picklable with

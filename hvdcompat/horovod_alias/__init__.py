@@ -1,6 +1,6 @@
 """Horovod's module names on hvdcompat, for scripts that ``import horovod.torch as hvd``.
 
-Opt-in, in one of two ways (the README's "Migrating from Horovod" shows both):
+Opt-in, in one of two ways (docs/migration.md shows both):
 
 - per command: ``python -m hvdcompat.horovod_alias train.py ARGS...`` (also
   under ``hvdcompatrun``/``mpirun``); nothing is installed;

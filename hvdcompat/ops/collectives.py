@@ -128,8 +128,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
             returned True), even if the op itself already finished.
         op: hvd.Average (default), hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max or
             hvd.Product. hvd.Adasum (floating dtypes, global process set only)
-            combines ranks pairwise in a binary tree of rank order (see the
-            README's Adasum section).
+            combines ranks pairwise in a binary tree of rank order (see
+            docs/adasum.md).
         prescale_factor: multiplies each rank's input before the reduction.
         postscale_factor: multiplies the result.
         process_set: ranks to reduce over (default: all).

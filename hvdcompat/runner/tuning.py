@@ -2,9 +2,9 @@
 
 The knobs themselves (names, Horovod aliases, defaults, meaning) are declared
 once, in the core (``hvdcompat._core.knobs()``); this module only maps
-horovodrun-style flags onto them and renders the table the README shows:
+horovodrun-style flags onto them and renders the table of docs/environment.md:
 
-    python -m hvdcompat.runner.tuning      # prints the README's table
+    python -m hvdcompat.runner.tuning      # prints docs/environment.md's table
 """
 
 from dataclasses import dataclass
@@ -146,7 +146,7 @@ def tuning_environment(args):
 
 
 def markdown_table():
-    """The README's environment-variable table, generated from the core's knobs."""
+    """The environment-variable table of docs/environment.md, generated from the core's knobs."""
     flag_of = {tf.suffix: tf.flags[0] for tf in TUNING_FLAGS}
     rows = ["| variable | Horovod spelling | default | hvdcompatrun flag | meaning |",
             "|---|---|---|---|---|"]

@@ -422,7 +422,7 @@ def _adasum_pair(a, b):
 
 
 def _adasum_tree(vs):
-    """The rank-order tree with the fold of the first 2E leaves (README, Adasum)."""
+    """The rank-order tree with the fold of the first 2E leaves (docs/adasum.md)."""
     p = 1 << (len(vs).bit_length() - 1)
     e = len(vs) - p
     level = [_adasum_pair(vs[2 * i], vs[2 * i + 1]) for i in range(e)] + vs[2 * e:]
