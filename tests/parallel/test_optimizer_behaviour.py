@@ -1,7 +1,9 @@
 """DistributedOptimizer: the API around the math (errors, synchronization, names, process sets)."""
 
+import gc
 import itertools
 import os
+import weakref
 import warnings
 
 os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")  # read at hvd.init()
@@ -189,16 +191,33 @@ def test_zero_grad_with_pending_work_waits_instead_of_asserting():
 
 
 def test_zero_grad_with_partial_accumulation_resets_the_count():
-    model = mlp(21)
+    """A pass before zero_grad() is forgotten: the next allreduce waits for 2 fresh passes."""
+    r, n = hvd.rank(), hvd.size()
+    model, ref = mlp(21), mlp(21)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
                                    named_parameters=model.named_parameters(),
                                    backward_passes_per_step=2)
-    x, y = global_batch(0, hvd.size())
-    mse(model(x), y).backward()
+    x, y = global_batch(0, n, salt=5)
+    mse(model(my_rows(x, r)), my_rows(y, r)).backward()
+    assert not opt._handles                               # 1 of 2 passes: nothing sent yet
     opt.zero_grad()
-    for _ in range(2):
-        mse(model(x), y).backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert set(opt._allreduce_delay.values()) == {2}
+    batches = [global_batch(step, n, salt=5) for step in (1, 2)]
+    for i, (x, y) in enumerate(batches):
+        mse(model(my_rows(x, r)), my_rows(y, r)).backward()
+        # The count restarted at 2: the first fresh pass sends nothing, the second sends all.
+        assert len(opt._handles) == (0 if i == 0 else len(list(model.parameters()))), i
     opt.step()
+    # Reference: one SGD step on the sum over the 2 fresh passes of the mean over ranks of
+    # each rank's gradient (Horovod sums accumulated passes; the pass before zero_grad is gone).
+    ref.zero_grad()
+    for x, y in batches:
+        sum(mse(ref(my_rows(x, k)), my_rows(y, k)) for k in range(n)).div(n).backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    assert (flat_params(model) - flat_params(ref)).abs().max() < 1e-5
 
 
 def test_synchronize_then_step_warns_exactly_once():
@@ -246,17 +265,43 @@ def test_later_optimizers_prefix_their_operation_names():
 
 
 def test_dropped_optimizer_stops_reducing():
-    model = mlp(25)
+    """A dropped optimizer's hooks stay on the parameters but send nothing: the new one's
+    allreduces are the only ones, and the training matches the full-batch reference."""
+    r, n = hvd.rank(), hvd.size()
+    model, ref = mlp(25), mlp(25)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
                                    named_parameters=model.named_parameters())
+    dropped = weakref.ref(opt)
     del opt
+    gc.collect()
+    assert dropped() is None
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
                                    named_parameters=model.named_parameters())
-    x, y = global_batch(0, hvd.size())
-    for _ in range(2):
-        opt.zero_grad()
-        mse(model(x), y).backward()
-        opt.step()
+    cls = type(opt)
+    launches = []
+    real_launch = cls._launch
+
+    def counting_launch(self, p):
+        launches.append(self)
+        return real_launch(self, p)
+
+    cls._launch = counting_launch
+    ref_opt = sgd(ref.parameters())
+    try:
+        for step in range(2):
+            x, y = global_batch(step, n, salt=11)
+            opt.zero_grad()
+            mse(model(my_rows(x, r)), my_rows(y, r)).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            mse(ref(x), y).backward()
+            ref_opt.step()
+    finally:
+        cls._launch = real_launch
+    n_params = len(list(model.parameters()))
+    assert len(launches) == 2 * n_params and all(o is opt for o in launches), len(launches)
+    assert (flat_params(model) - flat_params(ref)).abs().max() < 1e-5
+    assert_same_on_every_rank(flat_params(model), "after_dropped_optimizer")
 
 
 def test_process_set_members_average_and_others_train_locally():
