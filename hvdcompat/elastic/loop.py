@@ -17,6 +17,11 @@ RESTART_EXIT_CODE = 75
 RESTART_STATE = "restart.pt"  # in HVDCOMPAT_ELASTIC_DIR, written by rank 0
 RESTART_MARK = "restart"      # written by rank 0 once RESTART_STATE is complete
 LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a shrink
+# Written by hvdcompatrun's elastic driver (hvdcompat/runner/elastic.py): DRIVER_MARK
+# when it makes the directory, RESTART_EXPECTED (the restart mark's time) before
+# it relaunches the job to continue from RESTART_STATE.
+DRIVER_MARK = "driver"
+RESTART_EXPECTED = "restart.expected"
 
 # Note [Growing by restart]: when hosts are added, commit() raises
 # HostsUpdatedInterrupt on every rank with the "added" bit set. Rank 0 writes
@@ -24,7 +29,11 @@ LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a
 # RESTART_STATE, every rank leaves with RESTART_EXIT_CODE, and the launcher
 # starts the job again with the surviving hosts first, then the new ones; so
 # the new rank 0 runs where the old one did and reads the file back before the
-# first sync broadcasts it. Growing in place (MPI_Comm_spawn + merge) was
+# first sync broadcasts it. The file lives in the driver's directory, which
+# every rank checks it sees at the start (_check_elastic_dir), so it outlives
+# the host that wrote it; a relaunch the driver made to continue from it
+# (RESTART_EXPECTED) fails on every rank when rank 0 cannot read it, rather
+# than training again from the initial state with the reset count at 0. Growing in place (MPI_Comm_spawn + merge) was
 # measured under ULFM on Open MPI 5.0: the merge waited ~10 s for the child's
 # imports and MPI_Finalize then crashed or hung; a restart costs one mpirun
 # start and the imports, and leaves no spawned communicator behind.
@@ -80,11 +89,61 @@ def _elastic_dir():
     return basics._core.knob("ELASTIC_DIR") or None
 
 
+def _host():
+    from hvdcompat.elastic import notifications
+
+    return notifications.this_host()
+
+
+def _dir_problem(directory):
+    """(why this rank cannot use the directory or None, whether it sees the driver's mark)."""
+    if not os.path.isdir(directory):
+        return "it does not exist on this host", False
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "this rank may not write there", False
+    return None, os.path.exists(os.path.join(directory, DRIVER_MARK))
+
+
+def _check_elastic_dir():
+    """At the start of an elastic launch every rank checks it sees the driver's directory.
+
+    The ranks hear of host changes, leave the restart state and mark their
+    end there; a rank that cannot would fail later, or a restart would
+    silently start from scratch. Under hvdcompatrun a rank that does not see
+    the driver's mark sees another directory of the same name (another
+    host's file system). Collective (one allgather): every rank raises the
+    same error naming the ranks that cannot.
+    """
+    from hvdcompat.functions import allgather_object
+
+    directory = _elastic_dir()
+    if not directory:
+        return
+    problem, marked = _dir_problem(directory)
+    seen = allgather_object((problem, marked, _host()), name="elastic.dir_check")
+    driver = any(m for _, m, _ in seen)
+    other = ("hvdcompatrun's mark is not there: it is another file system's directory of "
+             "that name")
+    bad = [f"rank {r} on host {h}: {p or other}"
+           for r, (p, m, h) in enumerate(seen) if p or (driver and not m)]
+    if bad:
+        raise RuntimeError(
+            f"hvd.elastic.run: HVDCOMPAT_ELASTIC_DIR={directory} (the elastic driver's "
+            f"directory) is not usable by every rank: {'; '.join(bad)}. The ranks read host "
+            "notices, leave the restart state and mark their end there: before hvdcompatrun, "
+            "set HVDCOMPAT_ELASTIC_DIR to a directory that every host shares with the "
+            "machine running hvdcompatrun (e.g. on NFS).")
+
+
 def _restore_after_restart(state):
     """At the start of an elastic launch: rank 0 reads the state the last launch left, if any.
 
     Every rank of an elastic launch takes part (one broadcast), whether or
     not this launch is a restart. Returns the restart's dict or None.
+
+    Raises:
+        RuntimeError: on every rank, when the driver relaunched the job to
+            continue from the saved state and rank 0 cannot read it.
     """
     from hvdcompat.functions import broadcast_object
 
@@ -93,15 +152,43 @@ def _restore_after_restart(state):
         return None
     meta = None
     path = os.path.join(directory, RESTART_STATE)
-    if basics.rank() == 0 and os.path.exists(path):
-        import torch
+    if basics.rank() == 0:
+        expected = _read_restart_expected(directory)
+        try:
+            if expected is not None and not os.path.exists(path):
+                raise FileNotFoundError(f"{path} is missing")
+            if os.path.exists(path):
+                import torch
 
-        payload = torch.load(path, weights_only=False)
-        state.load_saved_values(payload["state"])
-        meta = payload["meta"]
+                payload = torch.load(path, weights_only=False)
+                if expected is not None and f"{payload['meta']['saved_at']:.6f}" != expected:
+                    raise ValueError(f"{path} was saved at {payload['meta']['saved_at']:.6f}, "
+                                     f"not at {expected} as the restart's mark says")
+                state.load_saved_values(payload["state"])
+                meta = payload["meta"]
+        except Exception as e:  # noqa: BLE001 - told to every rank below
+            if expected is None:
+                raise
+            meta = {"error": (
+                f"hvd.elastic.run: the job was restarted on new hosts to continue from its "
+                f"last commit, but rank 0 (host {_host()}) cannot read the saved state: "
+                f"{type(e).__name__}: {e}. The job stops rather than train again from the "
+                "initial state; start it again (from your own checkpoint), and keep "
+                "HVDCOMPAT_ELASTIC_DIR on storage that outlives any one host.")}
     meta = broadcast_object(meta, root_rank=0, name="elastic.restart")
+    if meta is not None and "error" in meta:
+        raise RuntimeError(meta["error"])
     _last_restart[0] = meta
     return meta
+
+
+def _read_restart_expected(directory):
+    """The saved_at of the state the driver relaunched the job to continue from, or None."""
+    try:
+        with open(os.path.join(directory, RESTART_EXPECTED)) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def _restart_for_new_hosts(state, resets):
@@ -133,22 +220,48 @@ def _restart_for_new_hosts(state, resets):
     os._exit(RESTART_EXIT_CODE)  # as a lost rank: no MPI_Finalize (the launcher relaunches)
 
 
+# Rank-side notices to the driver: a write that fails is tried again after
+# these pauses (seconds), then logged; the rank carries on either way.
+_NOTICE_RETRY_PAUSES = (0.1, 0.5)
+
+
+def _write_notice(name, text, mode, what):
+    """Writes `text` to `name` in the driver's directory; False (logged) when it cannot.
+
+    An OSError (an NFS hiccup, a full disk) must not end a rank that is
+    training: the notice is tried again, then reported and left out.
+    """
+    path = os.path.join(_elastic_dir(), name)
+    for pause in (*_NOTICE_RETRY_PAUSES, None):
+        try:
+            with open(path, mode) as f:
+                f.write(text)
+            return True
+        except OSError as e:
+            if pause is None:
+                print(f"hvdcompat: rank {basics.rank()} on host {_host()} could not write "
+                      f"{path} ({e}) after {len(_NOTICE_RETRY_PAUSES) + 1} tries; {what}. "
+                      "Training goes on; check HVDCOMPAT_ELASTIC_DIR's storage.",
+                      file=sys.stderr, flush=True)
+                return False
+            time.sleep(pause)
+
+
 def _report_lost(world, survivors):
     """Rank 0 names the lost ranks (ranks of this launch) for the launcher's blacklist."""
     lost = [r for i, r in enumerate(world) if i not in set(survivors)]
-    directory = _elastic_dir()
-    if lost and directory and basics.rank() == 0:
-        with open(os.path.join(directory, LOST_RANKS), "a") as f:
-            f.write(f"{time.time():.6f} {','.join(map(str, lost))}\n")
+    if lost and _elastic_dir() and basics.rank() == 0:
+        _write_notice(LOST_RANKS, f"{time.time():.6f} {','.join(map(str, lost))}\n", "a",
+                      f"hvdcompatrun will not blacklist the hosts of lost rank(s) "
+                      f"{', '.join(map(str, lost))}")
     return [world[i] for i in survivors]
 
 
 def _mark_finished():
     """Tells hvdcompatrun's elastic driver that this rank finished training (and in which world)."""
-    directory = basics._core.knob("ELASTIC_DIR")
-    if directory:
-        with open(os.path.join(directory, f"finished.{basics.rank()}"), "w") as f:
-            f.write(f"{basics.size()}\n")
+    if _elastic_dir():
+        _write_notice(f"finished.{basics.rank()}", f"{basics.size()}\n", "w",
+                      "hvdcompatrun's exit code will be mpirun's, not the finished world's")
 
 
 def reset():
@@ -200,6 +313,7 @@ def run_fn(func, reset_fn):
         # This launch's ranks, in current-rank order (the lost ones are reported).
         world = list(range(basics.size())) if basics._core.is_initialized() else []
         try:
+            _check_elastic_dir()
             restarted = _restore_after_restart(state)
             if restarted:
                 resets = restarted["resets"]

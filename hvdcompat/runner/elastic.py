@@ -54,6 +54,12 @@ EXIT_ELASTIC_STOP = 1
 # not imported from there, which would import torch into the launcher).
 _LOST_RANKS = "lost"
 _RESTART_MARK = "restart"
+_RESTART_STATE = "restart.pt"
+# Files the driver writes for the ranks: its mark, which each rank checks it
+# sees (a directory of the same name elsewhere would not have it), and the
+# restart mark's time before a relaunch that must continue from _RESTART_STATE.
+_DRIVER_MARK = "driver"
+_RESTART_EXPECTED = "restart.expected"
 
 
 def _static_hosts(args):
@@ -247,6 +253,8 @@ class ElasticDriver:
         # at a directory that rank 0's host shares with this one.
         base = os.environ.get("HVDCOMPAT_ELASTIC_DIR") or None
         self.dir = tempfile.mkdtemp(prefix="hvdcompat-elastic-", dir=base)
+        with open(os.path.join(self.dir, _DRIVER_MARK), "w") as f:
+            f.write(f"{os.getpid()}\n")
         self._stop = threading.Event()
         self._thread = None
 
@@ -304,12 +312,17 @@ class ElasticDriver:
                 return EXIT_ELASTIC_STOP
             if not self.restart_requested():
                 return self.verdict(code, started=np)
+            saved = self._saved_state()
+            if saved is None:
+                return EXIT_ELASTIC_STOP
             started = time.monotonic()
             hosts = self.next_hosts()
             if hosts is None:
                 self._log(self.error or "stopped while waiting for hosts")
                 return EXIT_ELASTIC_STOP
             self._clear_for_relaunch()
+            with open(os.path.join(self.dir, _RESTART_EXPECTED), "w") as f:
+                f.write(saved + "\n")
             self._log(f"restarting the job from its last commit on "
                       f"{', '.join(f'{h.name}:{h.slots}' for h in hosts)} "
                       f"(hosts chosen in {time.monotonic() - started:.1f} s)")
@@ -513,6 +526,23 @@ class ElasticDriver:
     def restart_requested(self):
         """Whether rank 0 asked for a relaunch (hosts were added) and left its state."""
         return os.path.exists(os.path.join(self.dir, _RESTART_MARK))
+
+    def _saved_state(self):
+        """The restart mark's time when rank 0's saved state is there; else None, logged.
+
+        A relaunch continues from that state; without it the job would train
+        again from the initial state with the reset count at 0.
+        """
+        path = os.path.join(self.dir, _RESTART_STATE)
+        with open(os.path.join(self.dir, _RESTART_MARK)) as f:
+            saved = f.read().strip()
+        if os.path.isfile(path):
+            return saved
+        self._log(f"rank 0 asked for a restart on new hosts (its mark of {saved}), but its "
+                  f"saved state {path} is not there; the job stops rather than start again "
+                  "from the initial state. Start it again from your own checkpoint, with "
+                  "HVDCOMPAT_ELASTIC_DIR on storage every host shares with this machine.")
+        return None
 
     def _clear_for_relaunch(self):
         for name in os.listdir(self.dir):
