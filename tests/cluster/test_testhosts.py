@@ -104,16 +104,24 @@ def test_a_killed_owner_leaves_nothing_behind(mode):
     assert _netns() == before_ns and open(HOSTS_FILE).read() == before_hosts
 
 
-def test_ctrl_c_of_a_command_run_on_the_hosts_cleans_up():
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_ctrl_c_of_a_command_run_on_the_hosts_cleans_up(sigint):
+    """SIGINT stops the command and the hosts, also when started with SIGINT ignored
+    (as a shell starts a background job, e.g. a test run under `cmd &`)."""
     need_test_hosts()
     before_ns, before_hosts = _netns(), open(HOSTS_FILE).read()
+    disposition = signal.SIG_IGN if sigint == "ignored" else signal.SIG_DFL
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "testhosts.py"), "--hosts", "2",
-                             "--", "sleep", "60"], stdout=subprocess.PIPE, text=True)
+                             "--", "sleep", "60"], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
     first = proc.stdout.readline()
     assert first.startswith("testhosts: "), first
     time.sleep(0.5)
+    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) != 0
+    code = proc.wait(timeout=90)
+    # The command was stopped, not run to its end (60 s).
+    assert code != 0 and time.monotonic() - sent < 30, (code, time.monotonic() - sent)
     assert _netns() == before_ns and open(HOSTS_FILE).read() == before_hosts
 
 

@@ -466,6 +466,11 @@ def main(argv=None):
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    # Ctrl-C (SIGINT) stops the command and tears the hosts down, also when this
+    # process started with SIGINT ignored (a shell's background job, which is how
+    # test runs are often started): Python then installs no handler of its own,
+    # and the command would run to its end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cluster = HostCluster(args.hosts, names=args.names.split(",") if args.names else None,
                               rate=args.rate)
