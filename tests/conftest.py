@@ -44,6 +44,15 @@ def pytest_configure(config):
     harness.set_progress_writer(write)
 
 
+def pytest_terminal_summary(terminalreporter):
+    # Every rerun of a launch is listed: only an MPI launcher that failed to
+    # start before any rank ran is rerun (harness.run_ranks).
+    retries = harness.LAUNCHER_RETRIES
+    terminalreporter.write_line(f"MPI launcher start-up retries: {len(retries)}")
+    for line in retries:
+        terminalreporter.write_line("  " + line)
+
+
 def pytest_unconfigure(config):
     harness.set_progress_writer(None)
 

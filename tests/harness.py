@@ -132,9 +132,30 @@ def _signal_pids(piddir, sig):
 
 
 # Launcher start-up failures that happen before any rank runs (seen when many
-# jobs start at once on a busy machine); such a launch is retried.
+# jobs start at once on a busy machine); such a launch is retried, and only
+# such a launch: every retry is counted, shown at once and in the session's
+# summary (conftest.py), so a rerun never hides a failure of ours.
 _LAUNCHER_STARTUP_FAILURES = ("PMIx server's listener thread failed to start",
                               "PRTE has lost communication with a remote daemon")
+LAUNCHER_RETRIES = []  # one line per retried launch, in order
+
+
+def launcher_failed_to_start(output, ranks_ran):
+    """The start-up failure `output` shows when no rank of ours ran, else None."""
+    if ranks_ran:
+        return None
+    return next((m for m in _LAUNCHER_STARTUP_FAILURES if m in output), None)
+
+
+def note_launcher_retry(launcher, what, reason, attempt, attempts):
+    """Counts and shows one retry of a launch whose MPI launcher failed to start."""
+    line = (f"[{launcher}] {what}: the MPI launcher failed to start before any rank ran "
+            f"({reason!r}); retrying, attempt {attempt + 1} of {attempts}")
+    LAUNCHER_RETRIES.append(line)
+    if _progress_writer is not None:
+        _progress_writer(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
@@ -153,13 +174,16 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
             exit or a timeout.
         what: label used in failure messages.
     """
-    for _ in range(3):
+    attempts = 3
+    for attempt in range(attempts):
         result = _launch(np, argv, timeout, env, mpi_args)
         # Some rank printed something (Open MPI's tag; the retried failures are its own).
-        started = "[1," in result.output
-        if result.returncode == 0 or started or not any(
-                m in result.output for m in _LAUNCHER_STARTUP_FAILURES):
+        reason = None if result.returncode == 0 else launcher_failed_to_start(
+            result.output, ranks_ran="[1," in result.output)
+        if reason is None or attempt == attempts - 1:
             break
+        note_launcher_retry(f"mpirun -np {np}", what or short_command(argv), reason, attempt + 1,
+                            attempts)
     report_launch(f"mpirun -np {np}", what or short_command(argv), result.seconds,
                   result.returncode, result.timed_out, result.output, env)
     if check and (result.timed_out or result.returncode != 0):

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from harness import _LAUNCHER_STARTUP_FAILURES, REPO, mpi_env
+from harness import REPO, launcher_failed_to_start, mpi_env, note_launcher_retry
 
 TIMEOUT = 240
 ARGS = ["--samples", "144", "--batch-size", "4", "--epochs", "2"]
@@ -42,10 +42,12 @@ def hvdcompatrun(flags, script_args, tmp_path):
             out, _ = proc.communicate()
             pytest.fail(f"{' '.join(cmd)} timed out after {TIMEOUT} s:\n{out}")
         # Open MPI's launcher failing before any rank started (nothing of ours
-        # ran) is tried again, as tests/harness.py does for plain launches.
-        if proc.returncode == 0 or not any(m in out for m in _LAUNCHER_STARTUP_FAILURES) \
-                or any(reports.iterdir()):
+        # ran) is tried again, counted and shown, as tests/harness.py does.
+        reason = None if proc.returncode == 0 else launcher_failed_to_start(
+            out, ranks_ran=any(reports.iterdir()))
+        if reason is None or attempt == 2:
             break
+        note_launcher_retry("hvdcompatrun", " ".join(flags + script_args), reason, attempt + 1, 3)
     found = {}
     for p in reports.iterdir():
         r = json.loads(p.read_text())
