@@ -7,6 +7,8 @@ import threading
 import time
 
 from hvdcompat import _gpu, _session
+from hvdcompat import gloo_init as _gloo
+from hvdcompat import rendezvous as _rdzv
 from hvdcompat import process_sets as _ps
 from hvdcompat._ext import Adasum, Average, Max, Min, Product, Sum, _core  # noqa: F401
 from hvdcompat.exceptions import HorovodInternalError
@@ -143,12 +145,19 @@ def init(comm=None, process_sets=None):
         if _core.is_initialized():
             return
         _end_if_mpi4py_would_hang_at_exit()
+        # Note [Controller choice] (hvdcompat/rendezvous.py).
+        gloo = _gloo.prepare(_core, os.environ)
+        if gloo is not None and comm is not None and not isinstance(comm, (list, tuple)):
+            raise ValueError("hvd.init(comm=<mpi4py communicator>): this job runs on the Gloo "
+                             "controller, where there is no MPI communicator; pass a list of "
+                             "ranks, or launch with hvdcompatrun / mpirun to run on MPI")
         handle, ranks = _comm_arguments(comm)
         static_sets = _ps._parse_init_argument(process_sets, comm)
         _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
                                      requested_sets=static_sets.requested,
                                      refused=static_sets.refused,
-                                     dynamic_process_sets=static_sets.dynamic))
+                                     dynamic_process_sets=static_sets.dynamic,
+                                     **(gloo or {})))
         _ps._after_init(static_sets, _session.begin())
         if not _exit.registered:
             atexit.register(_at_exit)
@@ -324,8 +333,18 @@ def stop_timeline():
 
 
 def mpi_enabled():
-    """MPI is hvdcompat's controller and CPU data plane: always True."""
-    return True
+    """Whether MPI is the controller: False while a job runs on the Gloo controller.
+
+    Before :func:`init`, whether ``init`` would start on MPI here (Note
+    [Controller choice] in hvdcompat/rendezvous.py).
+    """
+    if _core.is_initialized():
+        probe = getattr(_core, "mpi_enabled", None)
+        return bool(probe()) if probe is not None else True
+    try:
+        return _rdzv.controller_choice(os.environ) == "mpi"
+    except ValueError:
+        return False
 
 
 def mpi_built():
@@ -334,13 +353,19 @@ def mpi_built():
 
 
 def gloo_enabled():
-    """hvdcompat has no Gloo controller."""
-    return False
+    """Whether this job runs on the Gloo controller (before init: whether it would)."""
+    if _core.is_initialized():
+        probe = getattr(_core, "gloo_enabled", None)
+        return bool(probe()) if probe is not None else False
+    try:
+        return gloo_built() and _rdzv.controller_choice(os.environ) == "gloo"
+    except ValueError:
+        return False
 
 
 def gloo_built():
-    """hvdcompat has no Gloo controller."""
-    return False
+    """Whether this build has the Gloo controller (for launches without MPI)."""
+    return _gloo.gloo_built(_core)
 
 
 def nccl_built():

@@ -15,6 +15,7 @@ import socket
 
 import torch
 
+from hvdcompat.rendezvous import launched_by_mpi, launched_by_torch
 from hvdcompat.runner.ports import free_port
 
 __all__ = ["ENV_VARS", "launched_by_mpi", "launched_by_torch", "bootstrap_env"]
@@ -22,27 +23,7 @@ __all__ = ["ENV_VARS", "launched_by_mpi", "launched_by_torch", "bootstrap_env"]
 # What env:// initialisation and DDP scripts read, in the order we fill them.
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-# Variables that MPI launchers set in every process they start: Open MPI
-# (mpirun/prterun), any PMIx launcher, MPICH/Intel MPI (hydra), MVAPICH.
-_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK",
-                    "MV2_COMM_WORLD_SIZE")
-
-# torchrun and torch.distributed.launch set these; MPI launchers do not.
-_TORCH_LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")
-
 _ADDR_BYTES = 256
-
-
-def launched_by_mpi(environ=None):
-    """Whether this process was started by an MPI launcher (mpirun, hvdcompatrun, srun+PMIx...)."""
-    environ = os.environ if environ is None else environ
-    return any(v in environ for v in _MPI_LAUNCH_VARS)
-
-
-def launched_by_torch(environ=None):
-    """Whether this process was started by torchrun / torch.distributed.launch."""
-    environ = os.environ if environ is None else environ
-    return any(v in environ for v in _TORCH_LAUNCH_VARS)
 
 
 def _missing(environ):

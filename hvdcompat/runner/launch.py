@@ -1,14 +1,17 @@
-"""hvdcompatrun: launch a training script on N ranks through mpirun.
+"""hvdcompatrun: launch a training script on N ranks through mpirun, or with --gloo without it.
 
     hvdcompatrun -np 4 python train.py
     hvdcompatrun -np 16 -H node1:8,node2:8 python train.py
     hvdcompatrun -np 16 --hostfile hosts.txt --fusion-threshold-mb 64 python train.py
+    hvdcompatrun --gloo -np 4 python train.py
     hvdcompatrun --check-build
 
 It builds the matching ``mpirun`` line (binding off, environment forwarded,
 root and oversubscription handled), runs it, forwards SIGINT/SIGTERM to it and
 exits with its exit code. ``--verbose`` prints the line first, so it can be
-copied into a batch script that calls ``mpirun`` directly.
+copied into a batch script that calls ``mpirun`` directly. With ``--gloo`` it
+starts the ranks itself and serves their rendezvous store
+(hvdcompat/runner/gloo_run.py).
 """
 
 import argparse
@@ -24,6 +27,7 @@ import time
 from hvdcompat.runner import elastic as _elastic
 from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 from hvdcompat.runner import exit_report as _exit_report
+from hvdcompat.runner import gloo_run as _gloo_run
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
 from hvdcompat.runner import ports as _ports
@@ -92,6 +96,7 @@ def build_parser():
     parser.add_argument("--skip-command-check", action="store_true",
                         help="do not check that the command and script exist here (for a "
                              "script that exists only on the remote hosts)")
+    _gloo_run.add_gloo_arguments(parser)
     _tuning.add_tuning_arguments(parser)
     _elastic.add_elastic_arguments(parser)
     return parser
@@ -307,6 +312,33 @@ def plan_launch(args, command, environ=None, cwd=None, hosts=None):
         raise LaunchError(str(e)) from None
 
 
+def _plan_gloo(args, command):
+    """What the Gloo launch shares with the MPI launch: the command's checks, the host list,
+    the tuning variables. Returns (command, environ, hosts, np, nics, ssh options)."""
+    environ = dict(os.environ)
+    cwd = os.getcwd()
+    if not command:
+        raise LaunchError("hvdcompatrun: no command given; for example: "
+                          "hvdcompatrun --gloo -np 2 python train.py")
+    hosts = _hosts_from(args)
+    np = args.num_proc
+    if np is None:
+        if not hosts:
+            raise LaunchError("hvdcompatrun: -np N is required (or -H/--hostfile, to use all "
+                              "their slots)")
+        np = _hosts.total_slots(hosts)
+    if np < 1:
+        raise LaunchError(f"hvdcompatrun: -np must be at least 1, got {np}")
+    if not args.skip_command_check:
+        check_command(command, environ, cwd)
+    command = _resolve_executable(command, environ)
+    environ.update(_tuning.tuning_environment(args))
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    ssh = _ssh_and_interfaces(args)
+    nics = ssh.pop("network_interfaces")
+    return command, environ, hosts, np, nics, ssh
+
+
 def _terminal_sent_it():
     """Whether a Ctrl-C from our terminal also reached mpirun (same process group)."""
     for fd in (0, 1, 2):
@@ -432,6 +464,16 @@ def main(argv=None):
 
         sys.stdout.write(check_build_report())
         return 0
+    try:
+        _gloo_run.check_gloo_args(args)
+        if args.gloo:
+            if _elastic.elastic_requested(args):
+                raise LaunchError("hvdcompatrun: elastic training runs on MPI here; drop --gloo "
+                                  "(the elastic flags then launch through mpirun)")
+            return _gloo_run.run_gloo(args, command, _plan_gloo, SUPERVISOR)
+    except LaunchError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
     if not _elastic.elastic_requested(args):
         try:
             cmd, env = plan_launch(args, command)

@@ -51,7 +51,8 @@ def _die_with_parent():
 
 
 def _rank():
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+    # HOROVOD_RANK: hvdcompatrun --gloo starts the rank itself.
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return -1

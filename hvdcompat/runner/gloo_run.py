@@ -1,0 +1,386 @@
+"""``hvdcompatrun --gloo``: start the ranks without MPI, meeting through a store the launcher serves.
+
+    hvdcompatrun --gloo -np 4 python train.py
+    hvdcompatrun --gloo -np 8 -H node1:4,node2:4 python train.py
+
+The launcher serves a ``torch.distributed.TCPStore`` (hvdcompat/store.py),
+starts every rank itself (a local subprocess, or ``ssh`` for another host)
+under the rank supervisor that reports how it ended, and gives each rank
+Horovod's Gloo-mode variables (:func:`rank_environment`). The environment
+forwarding (hvdcompat/runner/environment.py) and the exit report
+(hvdcompat/runner/exit_report.py) are the MPI launch's. When a rank fails,
+the others get :data:`FAILURE_GRACE_SECONDS` to report the lost peer
+themselves, then are stopped; the launcher exits with the first failure's
+code and one line naming that rank.
+"""
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from hvdcompat.runner import environment as _environment
+from hvdcompat.runner import exit_report as _exit_report
+from hvdcompat.runner import hosts as _hosts
+from hvdcompat.runner.errors import LaunchError
+
+__all__ = ["add_gloo_arguments", "check_gloo_args", "RankSpec", "place_ranks",
+           "rank_environment", "rank_command", "store_address", "run_gloo",
+           "FAILURE_GRACE_SECONDS"]
+
+# After the first rank fails, how long the others may take to notice and end
+# on their own (printing which peer they lost) before they are stopped.
+FAILURE_GRACE_SECONDS = 10
+
+_SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
+
+
+def add_gloo_arguments(parser):
+    """horovodrun's controller flags and the Gloo launch's own."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--gloo", action="store_true",
+                       help="run on the Gloo controller: hvdcompatrun starts the ranks itself "
+                            "(ssh for other hosts) and serves their rendezvous store; no "
+                            "mpirun is needed")
+    which.add_argument("--mpi", action="store_true",
+                       help="run on MPI through mpirun (the default)")
+    g = parser.add_argument_group("Gloo launch (--gloo)")
+    g.add_argument("--gloo-timeout-seconds", type=float, metavar="S", default=None,
+                   help="how long ranks wait for each other and for the store at init "
+                        "(default 30, Horovod's)")
+    g.add_argument("--output-filename", metavar="DIR",
+                   help="write each rank's output to DIR/rank.N/stdout and stderr as well")
+    g.add_argument("--start-timeout", type=float, metavar="S", default=None,
+                   help="seconds ssh may take to reach a host (default 30; "
+                        "HOROVOD_START_TIMEOUT)")
+
+
+def check_gloo_args(args):
+    """Raises LaunchError for flags that mean nothing with --gloo, or Gloo flags without it."""
+    if not args.gloo:
+        for flag, value in (("--output-filename", args.output_filename),
+                            ("--start-timeout", args.start_timeout),
+                            ("--gloo-timeout-seconds", args.gloo_timeout_seconds)):
+            if value is not None:
+                raise LaunchError(f"hvdcompatrun: {flag} applies to the Gloo launch; add --gloo "
+                                  "(under mpirun, pass Open MPI's own flags with --mpi-args)")
+        return
+    if args.mpi_args:
+        raise LaunchError("hvdcompatrun --gloo starts no mpirun, so --mpi-args has nothing to "
+                          "go to; drop one of them")
+    if args.fault_tolerant:
+        raise LaunchError("hvdcompatrun: --fault-tolerant is Open MPI's ULFM; with --gloo a "
+                          "lost rank already fails the survivors with an error naming it")
+    for flag, value in (("--gloo-timeout-seconds", args.gloo_timeout_seconds),
+                        ("--start-timeout", args.start_timeout)):
+        if value is not None and not value > 0:
+            raise LaunchError(f"hvdcompatrun: {flag} must be a positive number of seconds, "
+                              f"got {value:g}")
+
+
+@dataclass
+class RankSpec:
+    """Where one rank runs and what Horovod calls its place."""
+
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    local: bool = True
+    env: Dict[str, str] = field(default_factory=dict)
+    argv: List[str] = field(default_factory=list)
+
+
+def place_ranks(hosts, np):
+    """RankSpecs of `np` ranks over `hosts` by slot, in host order (``--map-by slot``).
+
+    Horovod's topology: local ranks count within a host; the cross rank of a
+    rank is the index of its host among the hosts that have a rank at the same
+    local rank, and the cross size is how many such hosts there are.
+    """
+    hosts = hosts or [_hosts.Host("localhost", np)]
+    if np > _hosts.total_slots(hosts):
+        listed = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+        raise LaunchError(f"hvdcompatrun: -np {np} asks for more ranks than the hosts have "
+                          f"slots ({_hosts.total_slots(hosts)} in {listed}); lower -np or raise "
+                          "the slots")
+    placement = _exit_report.expected_placement(hosts, np)
+    order = [h.name for h in hosts if h.name in placement]
+    specs = []
+    for host in order:
+        ranks = placement[host]
+        for local_rank, rank in enumerate(ranks):
+            peers = [h for h in order if len(placement[h]) > local_rank]
+            specs.append(RankSpec(rank=rank, host=host, local_rank=local_rank,
+                                  local_size=len(ranks), cross_rank=peers.index(host),
+                                  cross_size=len(peers), local=_hosts.is_local_host(host)))
+    return sorted(specs, key=lambda s: s.rank)
+
+
+def _interface_names(nics):
+    return [n for n in nics if "/" not in n]
+
+
+def _interface_address(name):
+    """IPv4 address of the interface `name`, or None."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                 struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+
+def store_address(specs, nics):
+    """The address the ranks reach the launcher's store at.
+
+    Every rank here: loopback. Otherwise the address of the first of
+    `nics` that is an interface name, else the one this host's routing table
+    uses toward the first remote host.
+    """
+    remote = [s.host for s in specs if not s.local]
+    if not remote:
+        return "127.0.0.1"
+    for name in _interface_names(nics):
+        addr = _interface_address(name)
+        if addr:
+            return addr
+        raise LaunchError(f"hvdcompatrun: --network-interfaces {name}: no IPv4 address on "
+                          "that interface here; name an interface of this host")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((remote[0], 9))  # UDP connect sends nothing; it only picks the route
+            return s.getsockname()[0]
+    except OSError as e:
+        raise LaunchError(f"hvdcompatrun: no route from this host to {remote[0]} ({e.strerror}); "
+                          "check the host name, or pass --network-interfaces") from None
+
+
+# What an MPI launcher sets per rank (see Note [Environment left out]).
+_MPI_LAUNCHER = re.compile(r"OMPI_(?!MCA_).*|PMIX_.*|PRTE_.*|PMI_.*|HYDRA_.*|MV2_COMM_WORLD_.*")
+
+
+def _without_mpi_launcher(environ):
+    """`environ` less an MPI launcher's own variables: a copy inherited from a launcher that
+    ran under mpirun would make a rank think mpirun started it."""
+    return {k: v for k, v in environ.items() if not _MPI_LAUNCHER.fullmatch(k)}
+
+
+def rank_environment(spec, environ, store_host, store_port, timeout_s, nics, np, master=None):
+    """The variables rank `spec` starts with: the launch's environment and Horovod's Gloo mode.
+
+    `master` ((address, port) for a job on this machine only) also fills the
+    env:// variables a DDP script reads, where unset.
+    """
+    env = _without_mpi_launcher(environ) if spec.local else \
+        {k: environ[k] for k in _environment.forwarded_names(environ)}
+    env.update({
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": store_host,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store_port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": f"{timeout_s:g}",
+        "HOROVOD_RANK": str(spec.rank), "HOROVOD_SIZE": str(np),
+        "HOROVOD_LOCAL_RANK": str(spec.local_rank), "HOROVOD_LOCAL_SIZE": str(spec.local_size),
+        "HOROVOD_CROSS_RANK": str(spec.cross_rank), "HOROVOD_CROSS_SIZE": str(spec.cross_size),
+        "HOROVOD_HOSTNAME": spec.host,
+    })
+    names = _interface_names(nics)
+    if names:
+        env["HOROVOD_GLOO_IFACE"] = names[0]
+        env.setdefault("NCCL_SOCKET_IFNAME", ",".join(names))
+    # The launch decided the controller; a leftover spelling must not send the rank to MPI.
+    env.pop("HVDCOMPAT_CONTROLLER", None)
+    if master is not None:
+        # What env:// initialisation and DDP scripts read, as under the MPI launch.
+        for name, value in (("RANK", spec.rank), ("WORLD_SIZE", np),
+                            ("LOCAL_RANK", spec.local_rank), ("LOCAL_WORLD_SIZE", spec.local_size),
+                            ("MASTER_ADDR", master[0]), ("MASTER_PORT", master[1])):
+            env.setdefault(name, str(value))
+    return env
+
+
+def rank_command(spec, command, supervisor, cwd, ssh_port=None, ssh_identity_file=None,
+                 start_timeout=30):
+    """The argv that starts rank `spec`: the supervisor here, or ssh running it on the host."""
+    argv = [command[0], supervisor] + list(command) if _is_python(command[0]) else \
+        [sys.executable, supervisor] + list(command)
+    if spec.local:
+        return argv
+    remote = "cd " + shlex.quote(cwd) + " && exec env " + " ".join(
+        shlex.quote(f"{k}={v}") for k, v in sorted(spec.env.items())) + " " + shlex.join(argv)
+    ssh = ["ssh"] + _SSH_OPTIONS + ["-o", f"ConnectTimeout={max(1, int(start_timeout))}"]
+    if ssh_port:
+        ssh += ["-p", str(ssh_port)]
+    if ssh_identity_file:
+        ssh += ["-i", ssh_identity_file]
+    return ssh + [spec.host, remote]
+
+
+def _is_python(exe):
+    return bool(re.match(r"^(python|pypy)[0-9.]*$", os.path.basename(exe)))
+
+
+class _Outputs:
+    """Per-rank output files under --output-filename (DIR/rank.N/stdout, stderr)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def pipes(self, rank):
+        if not self.directory:
+            return None
+        path = os.path.join(self.directory, f"rank.{rank}")
+        os.makedirs(path, exist_ok=True)
+        return (open(os.path.join(path, "stdout"), "wb"), open(os.path.join(path, "stderr"), "wb"))
+
+
+def _tee_fd(target_fd, copy):
+    """A pipe whose data goes to `target_fd` and to file `copy` (a thread copies it)."""
+    import threading
+
+    r, w = os.pipe()
+
+    def pump():
+        with os.fdopen(r, "rb", buffering=0) as src:
+            while True:
+                data = src.read(65536)
+                if not data:
+                    break
+                _exit_report._write_all(target_fd, data)
+                copy.write(data)
+                copy.flush()
+        copy.close()
+
+    threading.Thread(target=pump, daemon=True).start()
+    return w
+
+
+def _stop_all(procs):
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        for p in alive:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def run_gloo(args, command, plan_common, supervisor):
+    """Runs the job of ``hvdcompatrun --gloo``; returns its exit code.
+
+    Args:
+        plan_common: callable(args, command) -> (command, environ, hosts, np, nics, ssh)
+            from the launcher (command checks, tuning variables, host lists).
+        supervisor: path of rank_supervisor.py.
+    """
+    from hvdcompat import store as _store
+
+    command, environ, hosts, np, nics, ssh = plan_common(args, command)
+    timeout_s = args.gloo_timeout_seconds or float(
+        environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or _store.DEFAULT_TIMEOUT_SECONDS)
+    start_timeout = args.start_timeout or float(environ.get("HOROVOD_START_TIMEOUT") or 30)
+    specs = place_ranks(hosts, np)
+    host = store_address(specs, nics)
+    try:
+        server, port = _store.serve("0.0.0.0" if host != "127.0.0.1" else "127.0.0.1", 0,
+                                    timeout_s)
+    except _store.StoreError as e:
+        raise LaunchError(f"hvdcompatrun --gloo: {e}") from None
+    cwd = os.getcwd()
+    master = None
+    if all(spec.local for spec in specs):
+        from hvdcompat.runner.ports import free_port
+
+        master = (environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT") or free_port())
+    for spec in specs:
+        spec.env = rank_environment(spec, environ, host, port, timeout_s, nics, np, master)
+        spec.argv = rank_command(spec, command, supervisor, cwd, ssh["ssh_port"],
+                                 ssh["ssh_identity_file"], start_timeout)
+        if args.verbose:
+            print(f"hvdcompatrun: rank {spec.rank} on {spec.host}: {shlex.join(spec.argv)}",
+                  flush=True)
+    if args.verbose:
+        print(f"hvdcompatrun: rendezvous store at {host}:{port}", flush=True)
+    outputs = _Outputs(args.output_filename)
+    procs, pairs = [], []
+    try:
+        for spec in specs:
+            files = outputs.pipes(spec.rank)
+            proc = subprocess.Popen(spec.argv, env=spec.env if spec.local else None,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            procs.append(proc)
+            out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+            if files:
+                out_fd, err_fd = _tee_fd(out_fd, files[0]), _tee_fd(err_fd, files[1])
+            pairs += [(proc.stdout, out_fd), (proc.stderr, err_fd)]
+    except OSError as e:
+        _stop_all(procs)
+        raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
+    relay = _exit_report.OutputRelay(pairs)
+    code = _wait(procs)
+    relay.join(timeout=5)
+    del server
+    # The supervisors' reports say which rank failed first (and how).
+    code = _exit_report.first_failure_code(relay.reports) or code
+    line = _exit_report.summary(code, relay.reports, [], None)
+    if line:
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _wait(procs):
+    """Waits for every rank; after the first failure, FAILURE_GRACE_SECONDS, then stops the rest.
+
+    Forwards SIGINT/SIGTERM to every rank. Returns 0, or the first failed
+    rank's code (128 + signal when it was killed).
+    """
+    def forward(signum, _frame):
+        for p in procs:
+            try:
+                p.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    first = 0
+    failed_at = None
+    try:
+        while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
+            if failed_at is None:
+                for p in procs:
+                    if p.returncode not in (None, 0):
+                        first = p.returncode if p.returncode > 0 else 128 - p.returncode
+                        failed_at = time.monotonic()
+                        break
+            elif time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
+                _stop_all(procs)
+                break
+            time.sleep(0.1)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if not first:
+        for p in procs:
+            if p.returncode:
+                return p.returncode if p.returncode > 0 else 128 - p.returncode
+    return first

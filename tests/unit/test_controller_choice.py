@@ -1,0 +1,184 @@
+"""hvd.init()'s controller choice and a Gloo launch's variables (hvdcompat.rendezvous),
+and the ranks' agreement over the store before the engine starts (hvdcompat.gloo_init)."""
+
+import threading
+import time
+
+import pytest
+
+from hvdcompat import gloo_init, rendezvous
+from hvdcompat.store import StoreError, serve
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_RESTART_COUNT": "2",
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}
+GLOO_RUN = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.9", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4000",
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_RANK": "2",
+            "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+            "HOROVOD_CROSS_RANK": "2", "HOROVOD_CROSS_SIZE": "3", "HOROVOD_HOSTNAME": "n3",
+            "HOROVOD_GLOO_IFACE": "eth1"}
+MPIRUN = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
+
+
+@pytest.mark.parametrize("environ, want", [
+    ({}, "mpi"),                                              # python train.py
+    (MPIRUN, "mpi"),
+    ({**MPIRUN, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a"}, "mpi"),  # ddp bootstrap
+    (TORCHRUN, "gloo"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "gloo"),
+    (GLOO_RUN, "gloo"),
+    ({**MPIRUN, "HOROVOD_CONTROLLER": "gloo"}, "gloo"),
+    ({**TORCHRUN, "HOROVOD_CONTROLLER": "MPI"}, "mpi"),
+    ({**TORCHRUN, "HOROVOD_CONTROLLER": "mpi", "HVDCOMPAT_CONTROLLER": "gloo"}, "gloo"),
+    ({"HOROVOD_CONTROLLER": ""}, "mpi"),
+])
+def test_controller_choice(environ, want):
+    assert rendezvous.controller_choice(environ) == want
+
+
+def test_an_unknown_controller_names_the_variable():
+    with pytest.raises(ValueError, match=r"HVDCOMPAT_CONTROLLER='nccl' names no controller"):
+        rendezvous.controller_choice({"HVDCOMPAT_CONTROLLER": "nccl", "HOROVOD_CONTROLLER": "mpi"})
+    with pytest.raises(ValueError, match=r"HOROVOD_CONTROLLER='tcp'"):
+        rendezvous.controller_choice({"HOROVOD_CONTROLLER": "tcp"})
+
+
+def test_torchrun_variables_give_rank_topology_and_the_agent_store():
+    launch = rendezvous.gloo_launch(TORCHRUN)
+    assert (launch.rank, launch.size, launch.local_rank, launch.local_size, launch.cross_rank,
+            launch.cross_size) == (1, 4, 1, 2, 0, 2)
+    assert (launch.store_host, launch.store_port, launch.store_source) == (
+        "10.0.0.1", 29500, "MASTER_ADDR:MASTER_PORT")
+    assert launch.attempt == 2 and launch.agent_store and launch.timeout_s == 30.0
+    bare = rendezvous.gloo_launch({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h",
+                                   "MASTER_PORT": "7"})
+    assert (bare.local_rank, bare.local_size, bare.cross_rank, bare.cross_size) == (-1,) * 4
+    assert not bare.agent_store
+
+
+def test_horovod_gloo_variables_win_and_give_the_launchers_store():
+    launch = rendezvous.gloo_launch({**TORCHRUN, **GLOO_RUN, "HOROVOD_GLOO_TIMEOUT_SECONDS": "7"})
+    assert (launch.rank, launch.size, launch.local_rank, launch.local_size, launch.cross_rank,
+            launch.cross_size, launch.hostname, launch.iface) == (2, 3, 0, 1, 2, 3, "n3", "eth1")
+    assert (launch.store_host, launch.store_port) == ("10.0.0.9", 4000)
+    assert launch.timeout_s == 7.0 and launch.launcher == "hvdcompatrun --gloo"
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"RANK": "4"}, r"RANK=4 must be 0\.\.3"),
+    ({"WORLD_SIZE": "two"}, r"WORLD_SIZE='two' is not a whole number"),
+    ({"WORLD_SIZE": ""}, r"WORLD_SIZE is not set"),
+    ({"MASTER_PORT": "0"}, r"MASTER_PORT=0 must be"),
+    ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must be 0\.\.1"),
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "-1"}, r"HOROVOD_GLOO_TIMEOUT_SECONDS='-1'"),
+])
+def test_bad_launch_variables_name_the_variable(change, needle):
+    with pytest.raises(ValueError, match=needle):
+        rendezvous.gloo_launch({**TORCHRUN, **change})
+
+
+class _Core:
+    def __init__(self, gloo):
+        self._gloo = gloo
+
+    def gloo_built(self):
+        return self._gloo
+
+
+def test_no_gloo_build_fails_clearly_before_touching_the_store():
+    # The store address is unreachable: the build's answer must come first, at once.
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="this build has no Gloo controller"):
+        gloo_init.prepare(_Core(False), {**TORCHRUN, "MASTER_ADDR": "127.0.0.1",
+                                         "MASTER_PORT": "1"})
+    assert time.monotonic() - started < 5
+    with pytest.raises(RuntimeError, match="this build has no Gloo controller"):
+        gloo_init.prepare(_Core(False), {"HOROVOD_CONTROLLER": "gloo"})
+    assert gloo_init.prepare(_Core(False), MPIRUN) is None
+    assert gloo_init.prepare(_Core(False), {}) is None
+
+
+def test_gloo_asked_for_without_a_store_says_how_to_launch():
+    with pytest.raises(ValueError, match="no launcher gave this process a store"):
+        gloo_init.prepare(_Core(True), {"HOROVOD_CONTROLLER": "gloo"})
+
+
+def _ranks(port, environs):
+    """Runs prepare() for each environment at once (one thread per rank)."""
+    results = [None] * len(environs)
+
+    def run(i):
+        try:
+            results[i] = gloo_init.prepare(_Core(True), environs[i], gloo_init._GlooProcess())
+        except Exception as e:  # noqa: BLE001 - compared below
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(environs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def _gloo_env(port, rank, size, **extra):
+    return {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size), "HOROVOD_HOSTNAME": f"h{rank}",
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", **extra}
+
+
+@pytest.fixture
+def store():
+    server, port = serve("127.0.0.1", 0, timeout_s=10)
+    yield port
+    del server
+
+
+def test_agreeing_ranks_get_the_engine_options(store):
+    results = _ranks(store, [_gloo_env(store, r, 3) for r in range(3)])
+    for r, opts in enumerate(results):
+        assert isinstance(opts, dict), opts
+        assert (opts["controller"], opts["rank"], opts["size"], opts["hostname"],
+                opts["gloo_timeout_s"]) == ("gloo", r, 3, f"h{r}", 5.0)
+        client = opts["store"]
+        assert client.prefix.startswith("hvdcompat/0/") and client.address.endswith(str(store))
+    # Every rank's client shares one prefix: a key one sets, the others read.
+    results[0]["store"].set("k", b"v")
+    assert results[2]["store"].get("k") == b"v"
+
+
+def test_a_rank_with_another_world_size_fails_every_rank(store):
+    envs = [_gloo_env(store, 0, 3), _gloo_env(store, 1, 2), _gloo_env(store, 2, 3)]
+    results = _ranks(store, envs)
+    messages = {str(e).split(": ", 1)[1] for e in results}
+    assert all(isinstance(e, ValueError) for e in results), results
+    assert len(messages) == 1, messages
+    assert "disagree on the world size" in messages.pop()
+    assert "rank 1 on h1: size 2" in str(results[0])
+
+
+def test_a_rank_on_mpi_under_a_gloo_launch_fails_every_rank(store):
+    envs = [_gloo_env(store, r, 2) for r in range(2)]
+    envs[1]["HOROVOD_CONTROLLER"] = "mpi"
+    results = _ranks(store, envs)
+    assert all(isinstance(e, ValueError) and "controller mpi" in str(e) for e in results), results
+
+
+def test_mpi_for_every_rank_of_a_gloo_launch_is_refused(store):
+    envs = [_gloo_env(store, r, 2, HOROVOD_CONTROLLER="mpi") for r in range(2)]
+    results = _ranks(store, envs)
+    assert all(isinstance(e, ValueError) and "MPI cannot join processes" in str(e)
+               for e in results), results
+
+
+def test_a_rank_that_never_comes_is_named_within_the_timeout(store):
+    started = time.monotonic()
+    results = _ranks(store, [_gloo_env(store, r, 3, HOROVOD_GLOO_TIMEOUT_SECONDS="2")
+                             for r in (0, 1)])
+    assert time.monotonic() - started < 15
+    for e in results:
+        assert isinstance(e, StoreError), e
+        assert "rank(s) 2 of 3 did not reach hvd.init() within 2 s" in str(e)
+        assert f"127.0.0.1:{store}" in str(e)
