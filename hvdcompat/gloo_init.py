@@ -14,7 +14,7 @@ import sys
 from hvdcompat import rendezvous as _rdzv
 from hvdcompat import store as _store
 
-__all__ = ["NO_GLOO", "prepare", "gloo_built"]
+__all__ = ["NO_GLOO", "prepare", "gloo_built", "engine_spans_launch"]
 
 NO_GLOO = ("this build has no Gloo controller (hvdcompatrun --check-build shows '[ ] Gloo'), so "
            "hvd.init() cannot run without an MPI launcher. Launch with hvdcompatrun or mpirun, "
@@ -36,6 +36,31 @@ def gloo_built(core):
     """Whether the loaded core has the Gloo controller."""
     probe = getattr(core, "gloo_built", None)
     return bool(probe()) if probe is not None else False
+
+
+def _launch_has_store(environ):
+    return not _rdzv.launched_by_mpi(environ) and (
+        _rdzv.launched_by_gloo_launcher(environ) or _rdzv.launched_by_torch(environ) or
+        all(environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+
+
+def engine_spans_launch(core, environ):
+    """(True, "") when ``hvd.init()`` here starts an engine over all the launch's ranks,
+    else (False, why): an MPI launcher started them, or torchrun / hvdcompatrun --gloo
+    did and this build has the Gloo controller."""
+    if _rdzv.launched_by_mpi(environ):
+        return True, ""
+    try:
+        gloo = _rdzv.controller_choice(environ) == "gloo" and _launch_has_store(environ)
+    except ValueError as e:
+        return False, str(e)
+    if gloo and gloo_built(core):
+        return True, ""
+    if gloo:
+        return False, ("this process was not started by an MPI launcher and " + NO_GLOO +
+                       "; hvdcompat's engine cannot span the ranks")
+    return False, ("this process was not started by an MPI launcher (nor by torchrun or "
+                   "hvdcompatrun --gloo), so hvdcompat's engine cannot span the ranks")
 
 
 def _open_store(launch, prefix, process):
@@ -123,9 +148,7 @@ def prepare(core, environ, process=None):
             (:data:`NO_GLOO`); the store cannot be reached (StoreError).
     """
     controller = _rdzv.controller_choice(environ)
-    has_store = not _rdzv.launched_by_mpi(environ) and (
-        _rdzv.launched_by_gloo_launcher(environ) or _rdzv.launched_by_torch(environ) or
-        all(environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+    has_store = _launch_has_store(environ)
     if not has_store:
         if controller == "gloo":
             _require_gloo(core)

@@ -10,11 +10,12 @@ script and its launcher stay as they are:
   bootstrap and buckets go through hvdcompat's engine (MPI, fusion,
   response cache), whatever backend the script initialised;
 * under ``torchrun`` / ``python -m torch.distributed.launch --use_env``
-  buckets are fused and (optionally) compressed by hvdcompat and reduced by
-  the script's own process group. hvdcompat's engine is not used there: its
-  MPI world cannot span processes that an MPI launcher did not start (Open
-  MPI singletons cannot connect to each other without a shared runtime
-  server), so the gain there comes from compression and fusion only.
+  buckets go through hvdcompat's engine on its Gloo controller, which meets
+  the ranks through torchrun's store, when this build has it
+  (``hvd.gloo_built()``). A build without it fuses and (optionally)
+  compresses buckets and reduces them with the script's own process group:
+  MPI cannot join processes that an MPI launcher did not start (Open MPI
+  singletons cannot connect to each other without a shared runtime server).
 
 The hook is installed at the model's first forward call, unless the script
 registered its own communication hook by then (the script's hook wins).

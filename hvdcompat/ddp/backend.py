@@ -6,9 +6,10 @@
 
 Every collective becomes one or more engine ops on the global process set,
 so they are negotiated, fused and executed like Horovod ops. The processes
-must be launched by an MPI launcher (``mpirun``, ``hvdcompatrun``): the
-engine's world is the MPI world. Under ``torchrun`` use ``gloo``/``nccl`` and
-``import hvdcompat.ddp.accelerate`` instead.
+must be launched by an MPI launcher (``mpirun``, ``hvdcompatrun``), or by
+torchrun / ``torch.distributed.launch`` / ``hvdcompatrun --gloo`` when this
+build has the Gloo controller: the group is the engine's world. Otherwise
+use ``gloo``/``nccl`` and ``import hvdcompat.ddp.accelerate``.
 
 Note [Deterministic names]: engine ops are matched across ranks by name.
 torch.distributed issues a group's collectives in the same order on every
@@ -32,7 +33,7 @@ from torch._C._distributed_c10d import (
 )
 
 from hvdcompat import _session
-from hvdcompat.ddp import bootstrap, work
+from hvdcompat.ddp import work
 from hvdcompat.ops import _tensor
 
 __all__ = ["BACKEND_NAME", "ProcessGroupHvdcompat", "backend_available", "register"]
@@ -516,26 +517,33 @@ def backend_available():
     """Whether ``init_process_group("hvdcompat")`` can work in this process.
 
     True when an MPI launcher started it (the engine's world is the MPI
-    world); False under torchrun and for a plain ``python`` run.
+    world), or torchrun / ``hvdcompatrun --gloo`` did and this build has the
+    Gloo controller; False for a plain ``python`` run.
     """
-    return bootstrap.launched_by_mpi()
+    import os
+
+    from hvdcompat import gloo_init
+    from hvdcompat.basics import _core
+
+    return gloo_init.engine_spans_launch(_core, os.environ)[0]
 
 
 def _create(backend_opts, pg_options=None):
     size, rank = backend_opts.group_size, backend_opts.group_rank
     ranks = list(backend_opts.global_ranks_in_group) or list(range(size))
-    if size > 1 and not bootstrap.launched_by_mpi():
+    if size > 1 and not backend_available():
         raise RuntimeError(
             f"init_process_group('{BACKEND_NAME}'): this process was not started by an MPI "
-            f"launcher, so hvdcompat's engine cannot reach the other {size - 1} rank(s). Launch "
-            "with mpirun / hvdcompatrun; under torchrun or torch.distributed.launch use "
-            "backend='gloo' (or 'nccl') and `import hvdcompat.ddp.accelerate`.")
+            f"launcher (and this build has no Gloo controller for torchrun's), so hvdcompat's "
+            f"engine cannot reach the other {size - 1} rank(s). Launch with mpirun / "
+            "hvdcompatrun; under torchrun or torch.distributed.launch use backend='gloo' (or "
+            "'nccl') and `import hvdcompat.ddp.accelerate`.")
     hvd = _hvd()
     hvd.init()
     if size != hvd.size() or ranks != list(range(hvd.size())):
         if not dist.is_initialized():  # the default group, not dist.new_group
             raise RuntimeError(
-                f"init_process_group('{BACKEND_NAME}'): WORLD_SIZE is {size} but the MPI job has "
+                f"init_process_group('{BACKEND_NAME}'): WORLD_SIZE is {size} but the engine's job has "
                 f"{hvd.size()} ranks. Unset WORLD_SIZE/RANK (the bootstrap in hvdcompat.ddp "
                 "fills them from MPI) or launch as many MPI ranks as WORLD_SIZE.")
         raise NotImplementedError(

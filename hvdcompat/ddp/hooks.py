@@ -7,19 +7,20 @@
 Each hook averages one DDP gradient bucket, like DDP's own allreduce, and
 returns a ``torch.futures.Future`` holding the averaged bucket. Two routes:
 
-* **engine** — the bucket goes to hvdcompat's engine (MPI), which negotiates,
+* **engine** — the bucket goes to hvdcompat's engine, which negotiates,
   fuses and reduces it; bucket names repeat every iteration, so steady state
-  runs on the response cache. Chosen when the processes were started by an
-  MPI launcher and DDP's group spans the MPI world in rank order (``mpirun``
-  with the bootstrap; any backend: gloo, nccl or hvdcompat).
+  runs on the response cache. Chosen when the engine's world is DDP's group
+  in rank order: processes an MPI launcher started (``mpirun`` with the
+  bootstrap), or ones torchrun / ``torch.distributed.launch`` /
+  ``hvdcompatrun --gloo`` started when this build has the Gloo controller
+  (the engine then meets the ranks through the launcher's store); any
+  backend: gloo, nccl or hvdcompat.
 * **process_group** — the bucket is reduced by DDP's own process group (gloo,
   nccl, ...), after hvdcompat's compression and, when ``fusion_threshold`` is
   set, bucket fusion (consecutive buckets packed into one collective; off by
   default, as it costs DDP its overlap of backward and communication).
-  Chosen otherwise: under ``torchrun`` / ``torch.distributed.launch`` the
-  engine's MPI world cannot span the ranks (each process would be an MPI
-  singleton; Open MPI cannot connect singletons without a shared runtime
-  server), so the reduction rides on the group DDP already has.
+  Chosen otherwise, e.g. under torchrun with a build without Gloo (MPI
+  cannot join processes that no MPI launcher started).
 
 Compression (``fp16``/``bf16``) casts the bucket for the wire after dividing
 by the world size (so the sum cannot overflow in half precision) and casts
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hvdcompat.basics import _core
-from hvdcompat.ddp import bootstrap, work
+from hvdcompat.ddp import work
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "COMPRESSIONS", "register"]
@@ -126,9 +127,13 @@ class HookState:
             dist.distributed_c10d._get_default_group())
 
     def _engine_spans_group(self):
-        if not bootstrap.launched_by_mpi():
-            return False, ("this process was not started by an MPI launcher, so hvdcompat's "
-                           "engine cannot span the ranks")
+        import os
+
+        from hvdcompat import gloo_init
+
+        ok, why = gloo_init.engine_spans_launch(_core, os.environ)
+        if not ok:
+            return False, why
         import hvdcompat as hvd
 
         hvd.init()
@@ -136,8 +141,8 @@ class HookState:
         ranks = dist.get_process_group_ranks(group)
         if ranks != list(range(hvd.size())) or dist.get_rank() != hvd.rank():
             return False, (f"DDP's process group (global ranks {ranks}, this rank "
-                           f"{dist.get_rank()}) is not the MPI world in rank order (MPI rank "
-                           f"{hvd.rank()} of {hvd.size()})")
+                           f"{dist.get_rank()}) is not the engine's world in rank order "
+                           f"(rank {hvd.rank()} of {hvd.size()})")
         return True, ""
 
     def _decide(self):
@@ -149,13 +154,14 @@ class HookState:
                                "to DDP's own process group.")
         if not ok:
             return "process_group", why
-        return "engine", "the processes form an MPI world that matches DDP's group"
+        return "engine", "the engine's world (MPI or Gloo) matches DDP's group"
 
     def describe(self):
         """One line saying how buckets are reduced (for logs)."""
         wire = {None: "none", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.wire_dtype]
         if self.route == "engine":
-            how = "hvdcompat engine (MPI)"
+            how = "hvdcompat engine (" + ("Gloo" if _core.gloo_enabled() else "MPI") + ")" \
+                if hasattr(_core, "gloo_enabled") else "hvdcompat engine (MPI)"
         else:
             how = f"process group '{dist.get_backend(self._group())}'"
             if self.fusion_threshold:

@@ -182,3 +182,16 @@ def test_a_rank_that_never_comes_is_named_within_the_timeout(store):
         assert isinstance(e, StoreError), e
         assert "rank(s) 2 of 3 did not reach hvd.init() within 2 s" in str(e)
         assert f"127.0.0.1:{store}" in str(e)
+
+
+def test_the_engine_spans_a_torchrun_launch_only_with_gloo_built():
+    assert gloo_init.engine_spans_launch(_Core(False), MPIRUN) == (True, "")
+    assert gloo_init.engine_spans_launch(_Core(True), TORCHRUN) == (True, "")
+    assert gloo_init.engine_spans_launch(_Core(True), GLOO_RUN) == (True, "")
+    ok, why = gloo_init.engine_spans_launch(_Core(False), TORCHRUN)
+    assert not ok and "not started by an MPI launcher" in why and "no Gloo controller" in why
+    ok, why = gloo_init.engine_spans_launch(_Core(True), {})
+    assert not ok and "nor by torchrun or hvdcompatrun --gloo" in why
+    # MPI asked for under torchrun: the engine would be a one-rank MPI world.
+    assert not gloo_init.engine_spans_launch(_Core(True), {**TORCHRUN,
+                                                           "HOROVOD_CONTROLLER": "mpi"})[0]
