@@ -12,10 +12,11 @@ DistributedDataParallel in each configuration and prints steps/s on rank 0:
 
 * ``gloo``: plain DDP on the gloo process group (the baseline);
 * ``hvdcompat backend``: DDP on ``dist.new_group(backend="hvdcompat")``
-  (needs an MPI launcher; skipped under torchrun);
+  (needs an MPI launcher, or the Gloo controller under torchrun; skipped
+  otherwise);
 * ``gloo + accelerate [compression]``: DDP on gloo with the hook that
   ``import hvdcompat.ddp.accelerate`` installs (engine route under mpirun,
-  process-group route under torchrun).
+  and under torchrun with the Gloo controller; else the process-group route).
 """
 
 import argparse
@@ -128,7 +129,8 @@ def main():
         f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
         f"{args.iters} timed steps per configuration, median shown")
     if not hvdcompat.ddp.backend_available():
-        log("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun)")
+        log("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun, or a "
+            "build with the Gloo controller)")
 
     log(f"Setting up {len(configs)} configurations: "
         + ", ".join(label for label, _ in configs))
