@@ -134,6 +134,9 @@ def init(comm=None, process_sets=None):
     :func:`shutdown` it starts a fresh runtime. Environment knobs
     (``HOROVOD_*`` / ``HVDCOMPAT_*``) are read here.
 
+    Returns:
+        None.
+
     Raises:
         ValueError: bad ``comm``; or ``process_sets`` is invalid on some rank
             or differs between ranks. The ranks compare their
@@ -168,8 +171,12 @@ def shutdown():
     """Stops hvdcompat on this rank; ``init`` may be called again afterwards.
 
     Pending operations fail with :class:`HorovodInternalError`; the other
-    ranks learn of the shutdown at their next collective. Safe to call when
-    not initialised.
+    ranks learn of the shutdown at their next collective.
+
+    Returns:
+        None.
+
+    Never raises: safe to call when not initialised.
     """
     with _lifecycle_lock:
         if not _core.is_initialized():
@@ -254,7 +261,13 @@ def _at_exit():
 
 
 def is_initialized():
-    """Whether :func:`init` has run (and :func:`shutdown` has not since)."""
+    """Whether :func:`init` has run (and :func:`shutdown` has not since).
+
+    Returns:
+        bool.
+
+    Never raises.
+    """
     return _core.is_initialized()
 
 
@@ -263,49 +276,107 @@ def _require_init():
 
 
 def size():
-    """Number of ranks in the job. Raises ValueError before :func:`init`."""
+    """Number of ranks in the job.
+
+    In an elastic job, the size of the current world.
+
+    Returns:
+        int, at least 1.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.size()
 
 
 def rank():
-    """This process's rank, 0..size()-1. Raises ValueError before :func:`init`."""
+    """This process's rank in the job.
+
+    Returns:
+        int, 0 to ``size() - 1``; in an elastic job, the rank in the current world.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.rank()
 
 
 def local_size():
-    """Ranks on this node. Raises ValueError before :func:`init`."""
+    """Number of ranks on this node (the ranks that share memory with this one).
+
+    Returns:
+        int, at least 1.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.local_size()
 
 
 def local_rank():
-    """This process's rank among the ranks of its node (pin your GPU with it)."""
+    """This process's rank among the ranks of its node; pin your GPU with it.
+
+    Returns:
+        int, 0 to ``local_size() - 1``.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.local_rank()
 
 
 def cross_size():
-    """Number of nodes that have a rank with this rank's local_rank."""
+    """Number of nodes that have a rank with this rank's local rank.
+
+    Returns:
+        int, at least 1.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.cross_size()
 
 
 def cross_rank():
-    """This node's index among the ranks sharing this rank's local_rank."""
+    """This node's index among the nodes that have a rank with this rank's local rank.
+
+    Returns:
+        int, 0 to ``cross_size() - 1``.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.cross_rank()
 
 
 def is_homogeneous():
-    """True when every node runs the same number of ranks."""
+    """Whether every node runs the same number of ranks.
+
+    Returns:
+        bool.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.is_homogeneous()
 
 
 def mpi_threads_supported():
-    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
+    """Whether MPI was initialised with ``MPI_THREAD_MULTIPLE``.
+
+    Returns:
+        bool.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     return _core.mpi_threads_supported()
 
@@ -321,13 +392,27 @@ def start_timeline(file_path, mark_cycles=False):
     Args:
         file_path: where to write (truncated).
         mark_cycles: also mark every negotiation cycle.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: hvdcompat is not initialised, or ``HOROVOD_TIMELINE`` was
+            not ``DYNAMIC`` at :func:`init`; the message says which.
     """
     _require_init()
     _core.start_timeline(str(file_path), bool(mark_cycles))
 
 
 def stop_timeline():
-    """Stops the timeline started by :func:`start_timeline` and closes the file."""
+    """Stops the timeline started by :func:`start_timeline` and closes the file.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     _core.stop_timeline()
 
@@ -337,6 +422,11 @@ def mpi_enabled():
 
     Before :func:`init`, whether ``init`` would start on MPI here (Note
     [Controller choice] in hvdcompat/rendezvous.py).
+
+    Returns:
+        bool.
+
+    Never raises: an unusable controller setting answers False.
     """
     if _core.is_initialized():
         probe = getattr(_core, "mpi_enabled", None)
@@ -348,12 +438,24 @@ def mpi_enabled():
 
 
 def mpi_built():
-    """hvdcompat is always built against MPI."""
+    """Whether hvdcompat was built against MPI.
+
+    Returns:
+        bool: always True.
+
+    Never raises.
+    """
     return True
 
 
 def gloo_enabled():
-    """Whether this job runs on the Gloo controller (before init: whether it would)."""
+    """Whether this job runs on the Gloo controller (before init: whether it would).
+
+    Returns:
+        bool.
+
+    Never raises: an unusable controller setting answers False.
+    """
     if _core.is_initialized():
         probe = getattr(_core, "gloo_enabled", None)
         return bool(probe()) if probe is not None else False
@@ -364,16 +466,27 @@ def gloo_enabled():
 
 
 def gloo_built():
-    """Whether this build has the Gloo controller (for launches without MPI)."""
+    """Whether this build has the Gloo controller (for launches without MPI).
+
+    Returns:
+        bool.
+
+    Never raises.
+    """
     return _gloo.gloo_built(_core)
 
 
 def nccl_built():
-    """NCCL version code (e.g. 21805 for 2.18.5) of the NCCL the core loaded, else 0.
+    """The version code of the NCCL the core loaded (e.g. 21805 for 2.18.5).
 
     hvdcompat has no build-time GPU switch: NCCL is loaded at run time (from
     PyTorch's CUDA wheels, or ``HVDCOMPAT_NCCL_LIB``), so this answers for
     this machine.
+
+    Returns:
+        int, 0 when no NCCL loads here.
+
+    Never raises.
     """
     return _gpu.nccl_version()
 
@@ -383,23 +496,56 @@ def cuda_built():
 
     True when the CUDA runtime loads, a device is visible and NCCL loads (or,
     with ``HOROVOD_GPU_OPERATIONS=MPI``, without NCCL).
+
+    Returns:
+        bool.
+
+    Never raises.
     """
     return _gpu.cuda_available()
 
 
 def ddl_built():
+    """Whether hvdcompat was built with IBM DDL.
+
+    Returns:
+        bool: always False.
+
+    Never raises.
+    """
     return False
 
 
 def ccl_built():
+    """Whether hvdcompat was built with oneCCL.
+
+    Returns:
+        bool: always False.
+
+    Never raises.
+    """
     return False
 
 
 def rocm_built():
+    """Whether hvdcompat was built for ROCm.
+
+    Returns:
+        bool: always False.
+
+    Never raises.
+    """
     return False
 
 
 def sycl_built():
+    """Whether hvdcompat was built for SYCL.
+
+    Returns:
+        bool: always False.
+
+    Never raises.
+    """
     return False
 
 
@@ -417,17 +563,34 @@ def engine_stats():
         ``max_call_bytes``, ``hierarchical_allreduce``, ``autotune_active``
         (the search is running) and ``autotune_changes`` (how many times it
         changed them; kept by :func:`reset_engine_stats`).
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
     """
     _require_init()
     return _core.engine_stats()
 
 
 def reset_engine_stats():
-    """Zeroes the counters returned by :func:`engine_stats`."""
+    """Zeroes the counters returned by :func:`engine_stats`.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: hvdcompat is not initialised (call :func:`init` first).
+    """
     _require_init()
     _core.reset_engine_stats()
 
 
 def build_info():
-    """What this build was compiled against (MPI library, wrapper, origin)."""
+    """What this build was compiled against.
+
+    Returns:
+        dict describing the MPI library the core linked, the compiler wrapper and
+        where that MPI came from (what ``hvdcompatrun --check-build`` prints).
+
+    Never raises.
+    """
     return _core.build_info()

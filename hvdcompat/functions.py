@@ -39,6 +39,9 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         root_rank: the global rank whose values everyone receives.
         process_set: the ranks to broadcast among (root must be a member).
 
+    Returns:
+        None: the tensors of `params` hold the root's values.
+
     Raises:
         ValueError: `params` is not a dict or list, holds a non-tensor, or
             this rank is not in `process_set`.
@@ -187,6 +190,9 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
         model: optional; used to find sparse ``nn.Embedding`` parameters.
         process_set: the ranks to broadcast among (root must be a member).
 
+    Returns:
+        None: `optimizer` holds the root's hyper-parameters and state.
+
     Raises:
         ValueError: ``torch.optim.LBFGS`` (its state is not per parameter),
             or the optimizers differ in layout between ranks.
@@ -218,6 +224,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
     Returns:
         The root's object (on the root, `obj` itself).
+
+    Raises:
+        ValueError: hvdcompat is not initialised, or this rank is not in
+            `process_set`.
+        HorovodInternalError: the ranks disagreed or the job failed.
     """
     _check_member(process_set, "broadcast_object")
     name = "broadcast_object" if name is None else name
@@ -244,6 +255,11 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
     Returns:
         A list with one object per rank of `process_set`.
+
+    Raises:
+        ValueError: hvdcompat is not initialised, or this rank is not in
+            `process_set`.
+        HorovodInternalError: the ranks disagreed or the job failed.
     """
     _check_member(process_set, "allgather_object")
     name = "allgather_object" if name is None else name

@@ -16,6 +16,16 @@ __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_proces
 class ProcessSet:
     """A subset of ranks, given as a list of global ranks or an mpi4py communicator.
 
+    Register it with ``hvd.init(process_sets=[...])`` or, in dynamic mode,
+    :func:`add_process_set`; until then :meth:`size` and :meth:`rank` are None.
+
+    Args:
+        ranks_or_comm: a list of global ranks (kept sorted), or an mpi4py
+            communicator whose ranks form the set.
+
+    Raises:
+        ValueError: a list holding something other than ints.
+
     Attributes:
         ranks: sorted global ranks, or None for a communicator-defined set
             until it is registered.
@@ -250,6 +260,10 @@ def add_process_set(process_set):
 
 def remove_process_set(process_set):
     """Unregisters a process set; collective over the whole job.
+
+    Args:
+        process_set: the :class:`ProcessSet` that :func:`add_process_set` or
+            :func:`init` registered.
 
     Returns:
         True when the set was removed, False when it was not registered (the

@@ -105,7 +105,33 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """Reduces every tensor of the list in one fused operation; returns a list."""
+    """Reduces every tensor of the list in one fused operation (differentiable).
+
+    The whole list is negotiated as one unit, so it completes together.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        compression: ``hvd.Compression.none`` (default), ``.fp16`` or ``.bf16``: the
+            dtype on the wire.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A list of new tensors with the reduced values, in the order given.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     pairs = [compression.compress(t) for t in tensors]
     sent = [p[0] for p in pairs]
     if _tracked(sent):
@@ -143,6 +169,23 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (differentiable).
 
     Dimension 0 may differ between ranks; the other dimensions must match.
+    The gradient is this rank's rows of the allreduced gradient.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A new tensor holding every rank's block, in rank order.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
     """
     if _tracked((tensor,)):
         return HorovodAllgather.apply(tensor, name, process_set)
@@ -164,7 +207,24 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgathers every tensor of the list in one fused operation; returns a tuple."""
+    """Allgathers every tensor of the list in one fused operation (differentiable).
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A tuple of new tensors, one per input, each in rank order.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     return HorovodGroupedAllgather.apply(name, process_set, *tensors)
 
 
@@ -183,7 +243,27 @@ class HorovodBroadcast(torch.autograd.Function):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """Returns a copy of global rank `root_rank`'s `tensor` (differentiable); input unchanged."""
+    """Returns a copy of global rank `root_rank`'s `tensor` (differentiable).
+
+    The gradient is the allreduced gradient on the root, zero elsewhere.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        root_rank: the global rank whose tensor every rank receives.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A new tensor holding the root's values; the input is unchanged.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     if _tracked((tensor,)):
         return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
@@ -208,9 +288,26 @@ class HorovodAlltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all exchange of rows of dimension 0 (differentiable).
 
+    Rank i sends rows ``[sum(splits[:j]), sum(splits[:j+1]))`` to rank j.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        splits: rows of dimension 0 sent to each rank of the set (a list or a 1-D
+            int32 tensor); None splits dimension 0 equally.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
     Returns:
         The received tensor when ``splits`` is None, else ``(output,
         received_splits)``.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
     """
     output, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
@@ -248,8 +345,31 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over the set and returns this rank's rows (differentiable).
 
-    Rank r receives rows of dimension 0: with ``q, m = divmod(dim0, size)``,
-    ranks below m get q + 1 rows, the others q.
+    Rank r of the set receives rows of dimension 0: with
+    ``q, m = divmod(dim0, size)``, ranks below m get q + 1 rows, the others q,
+    in rank order. Shapes must be identical on every rank.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        compression: ``hvd.Compression.none`` (default), ``.fp16`` or ``.bf16``: the
+            dtype on the wire.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or
+            ``hvd.Product``.
+        process_set: the ranks taking part (default: every rank).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+
+    Returns:
+        A new tensor with this rank's rows of the reduced tensor.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
     """
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
@@ -275,7 +395,34 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    """Reducescatters every tensor of the list in one fused operation; returns a list."""
+    """Reducescatters every tensor of the list in one fused operation (differentiable).
+
+    Rank r of the set receives rows of dimension 0: with
+    ``q, m = divmod(dim0, size)``, ranks below m get q + 1 rows, the others q,
+    in rank order. Shapes must be identical on every rank.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        compression: ``hvd.Compression.none`` (default), ``.fp16`` or ``.bf16``: the
+            dtype on the wire.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or
+            ``hvd.Product``.
+        process_set: the ranks taking part (default: every rank).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+
+    Returns:
+        A list of new tensors, this rank's rows of each reduced tensor.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                              postscale_factor, *[p[0] for p in pairs])

@@ -29,7 +29,19 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 
 
 def handle_average_backwards_compatibility(op, average):
-    """Resolves the deprecated ``average=`` argument into an op (default Average)."""
+    """Resolves the deprecated ``average=`` argument into a reduce op.
+
+    Args:
+        op: the op asked for, or None.
+        average: Horovod's deprecated flag: True means ``hvd.Average``, False
+            ``hvd.Sum``; None when not given.
+
+    Returns:
+        The reduce op: ``op``, else the one ``average`` names, else ``hvd.Average``.
+
+    Raises:
+        ValueError: both ``op`` and ``average`` were given.
+    """
     if op is not None:
         if average is not None:
             raise ValueError("The op parameter supersedes average. Please provide only one of "
@@ -151,7 +163,30 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`allreduce_async`: the result is written into `tensor`."""
+    """In-place :func:`allreduce_async`: the result is written into `tensor`.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        `tensor` holding the result.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     op = handle_average_backwards_compatibility(op, average)
     tensors = [tensor]
     return _allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
@@ -160,7 +195,29 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
-    """In-place allreduce; returns `tensor` holding the result."""
+    """In-place allreduce.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        `tensor`, holding the result.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 
@@ -172,8 +229,25 @@ def _gather_finish(outs, splits, join_rank):
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's `tensor` along dimension 0.
 
-    Dimension 0 may differ between ranks; the other dimensions must match.
-    The result (via :func:`synchronize`) holds the blocks in rank order.
+    Dimension 0 may differ between ranks; the other dimensions must match;
+    a 0-dim tensor is refused (reshape it to [1]).
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        a new tensor holding every rank's block, in rank order.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
     """
     if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
         raise ValueError(f"allgather '{name}': cannot allgather a scalar (0-dim) tensor; "
@@ -202,20 +276,76 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, finish):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts broadcasting `tensor` from global rank `root_rank`; the input is not modified."""
+    """Starts broadcasting `tensor` from global rank `root_rank`; the input is not modified.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        root_rank: the global rank whose tensor every rank receives.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        a new tensor holding the root's values.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     output = _tensor.empty_like_contiguous(tensor, op="broadcast", name=name)
     return _broadcast_async(tensor, output, root_rank, name, process_set,
                             lambda outs, s, j: output)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """In-place :func:`broadcast_async`: non-root ranks receive into `tensor`."""
+    """In-place :func:`broadcast_async`: non-root ranks receive into `tensor`.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        root_rank: the global rank whose tensor every rank receives.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        `tensor` holding the root's values.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     return _broadcast_async(tensor, tensor, root_rank, name, process_set,
                             lambda outs, s, j: tensor)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    """In-place broadcast from global rank `root_rank`; returns `tensor`."""
+    """In-place broadcast from global rank `root_rank`.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        root_rank: the global rank whose tensor every rank receives.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        `tensor`, holding the root's values.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -240,15 +370,29 @@ def _splits_list(splits, name):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Starts an all-to-all: rank i sends rows [sum(splits[:j]), sum(splits[:j+1])) to rank j.
+    """Starts an all-to-all exchange of rows of dimension 0.
+
+    Rank i sends rows ``[sum(splits[:j]), sum(splits[:j+1]))`` to rank j;
+    the dimensions after the first must match on every rank.
 
     Args:
-        tensor: input; dimensions after the first must match on every rank.
-        splits: rows sent to each rank of the set (list or 1-D int32 tensor);
-            None splits dimension 0 equally.
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        splits: rows of dimension 0 sent to each rank of the set (a list or a 1-D
+            int32 tensor); None splits dimension 0 equally.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
 
     Returns:
-        A handle; :func:`synchronize` returns ``(output, received_splits)``.
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        ``(output, received_splits)``.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
     """
     _tensor.require_tensor(tensor, "alltoall", name)
     split_lists = _splits_list(splits, name)
@@ -286,9 +430,30 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing `tensor` and scattering dimension 0 across the set.
 
-    Rank r (of the set) receives rows of the reduced tensor: with
+    Rank r of the set receives rows of dimension 0: with
     ``q, m = divmod(dim0, size)``, ranks below m get q + 1 rows, the others q,
     in rank order. Shapes must be identical on every rank.
+
+    Args:
+        tensor: the tensor (contiguous, on the CPU or a CUDA device).
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or
+            ``hvd.Product``.
+        process_set: the ranks taking part (default: every rank).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        this rank's rows of the reduced tensor.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
     """
     _check_reducescatter([tensor], op, name)
     _check_reduce_op(op, "reducescatter", name, [tensor])
@@ -315,6 +480,10 @@ def join(device=-1):
 
     Returns:
         The global rank that joined last (the same on every rank).
+
+    Raises:
+        ValueError: hvdcompat is not initialised.
+        HorovodInternalError: the job failed while waiting.
     """
     session = _session.current()  # joins and barriers are named by the session's counts
     if device is not None and int(device) >= 0 and _gpu.cuda_available():
@@ -329,6 +498,17 @@ def barrier(process_set=global_process_set):
     """Blocks until every rank of `process_set` has called barrier.
 
     Pending asynchronous ops do not hold it up.
+
+    Args:
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: hvdcompat is not initialised, or this rank is not a member
+            of `process_set`.
+        HorovodInternalError: the job failed while waiting.
     """
     pid = process_set.process_set_id
     session = _session.get()  # None before init: the core's error comes from _enqueue

@@ -58,8 +58,27 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of every tensor in `tensors`; inputs are not modified.
 
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
     Returns:
-        A handle; :func:`synchronize` returns a tuple of outputs.
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        a tuple of new tensors with the reduced values.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
     """
     op = handle_average_backwards_compatibility(op, average)
     tensors = _as_list(tensors, "grouped_allreduce")
@@ -77,7 +96,30 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`grouped_allreduce_async`."""
+    """In-place :func:`grouped_allreduce_async`: results are written into the inputs.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        the input tensors as a tuple.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     op = handle_average_backwards_compatibility(op, average)
     tensors = _as_list(tensors, "grouped_allreduce")
     _check_reduce_op(op, "grouped_allreduce", name, tensors, process_set)
@@ -91,13 +133,53 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    """In-place grouped allreduce; returns the input tensors as a tuple."""
+    """In-place grouped allreduce.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        average: deprecated; use ``op``.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Adasum``, ``hvd.Min``,
+            ``hvd.Max`` or ``hvd.Product``.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        The input tensors, holding the results, as a tuple.
+
+    Raises:
+        HorovodInternalError: the ranks disagreed (dtype, shape, op, ...) or
+            the job failed; the message names the tensor and the ranks.
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+    """
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    """Starts one fused allgather of every tensor; :func:`synchronize` returns a tuple."""
+    """Starts one fused allgather of every tensor of the list.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        process_set: the ranks taking part (default: every rank).
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        a tuple of new tensors, each every rank's blocks in rank order.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     tensors = _as_list(tensors, "grouped_allgather")
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.dim() == 0:
@@ -115,7 +197,33 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    """Starts one fused reducescatter of every tensor; :func:`synchronize` returns a tuple."""
+    """Starts one fused reducescatter of every tensor of the list.
+
+    Rank r of the set receives rows of dimension 0: with
+    ``q, m = divmod(dim0, size)``, ranks below m get q + 1 rows, the others q,
+    in rank order. Shapes must be identical on every rank.
+
+    Args:
+        tensors: a list of tensors; they are negotiated and fused as one unit.
+        name: a name unique among this rank's ops in flight; unnamed ops are
+            named from a counter, so ranks must then call them in the same order.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or
+            ``hvd.Product``.
+        process_set: the ranks taking part (default: every rank).
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+
+    Returns:
+        A handle for :func:`poll` and :func:`synchronize`, which returns
+        a tuple of new tensors, this rank's rows of each.
+
+    Raises:
+        ValueError: invalid input on this rank (not a member of the process
+            set, a name already in flight, ...); nothing was started.
+        TypeError: a dtype the op does not support.
+        HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
+            or the job failed.
+    """
     tensors = _as_list(tensors, "grouped_reducescatter")
     _check_reducescatter(tensors, op, name)
     _check_reduce_op(op, "grouped_reducescatter", name, tensors)

@@ -75,6 +75,14 @@ def _raise(code, message):
 def poll(handle):
     """Whether the op behind `handle` has finished (never blocks).
 
+    A True answer frees the op's name for reuse, as :func:`synchronize` does.
+
+    Args:
+        handle: what an ``*_async`` function returned.
+
+    Returns:
+        bool: True once the op has finished (successfully or not).
+
     Raises:
         ValueError: the handle is unknown or was already synchronized.
     """
@@ -94,8 +102,14 @@ def synchronize(handle):
     ``HOROVOD_ENABLE_ASYNC_COMPLETION=1``), and torch's current stream is
     ordered after it either way, so the output can be used at once.
 
-    Returns None for handles that are unknown (already synchronized, or from
-    before the last init/shutdown).
+    Args:
+        handle: what an ``*_async`` function returned.
+
+    Returns:
+        The op's output (a tensor, a tuple of tensors for grouped ops,
+        ``(output, received_splits)`` for alltoall, the last rank to join for
+        join); None for handles that are unknown (already synchronized, or from
+        before the last init/shutdown).
 
     Raises:
         HorovodInternalError: the op failed (ranks disagreed on it, a rank was

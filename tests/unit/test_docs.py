@@ -1,4 +1,5 @@
-"""The README and the pages under docs/: every relative link resolves.
+"""The README and the pages under docs/: links resolve, the API reference covers
+every public name with its arguments, result and errors, and the site builds.
 
 A link to a page must name a file of the repository, and a link to a heading
 (`page.md#some-heading`) a heading of that page, with the anchor GitHub and
@@ -7,8 +8,14 @@ as hyphens).
 """
 
 import glob
+import inspect
 import os
 import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 from harness import REPO
 
@@ -79,3 +86,104 @@ def test_the_readme_stays_short_and_links_the_pages():
     assert len(readme.splitlines()) <= 200, "README.md is the front page; put details in docs/"
     for page in ("concepts", "api", "running", "elastic", "environment", "troubleshooting", "gpus"):
         assert f"(docs/{page}.md)" in readme, f"README.md does not link docs/{page}.md"
+
+
+# ---------------------------------------------------------------- the API reference
+
+def _public():
+    import hvdcompat
+    return hvdcompat, list(hvdcompat.__all__)
+
+
+def _documented_parameters(doc):
+    """The names listed under the docstring's Args: section."""
+    m = re.search(r"^Args:\n((?:[ \t]+.*\n|\n)+)", doc + "\n", re.M)
+    if not m:
+        return set()
+    body = textwrap.dedent(m.group(1))
+    entries = re.findall(r"^(\**\w+(?:, \**\w+)*)(?: \([^)]*\))?:", body, re.M)
+    return {n.lstrip("*") for entry in entries for n in entry.split(", ")}
+
+
+def docstring_gaps(obj):
+    """What the docstring of a public function or class leaves out ([] when nothing)."""
+    doc = inspect.getdoc(obj) or ""
+    if not doc:
+        return ["no docstring"]
+    gaps = []
+    try:
+        params = [p.name for p in inspect.signature(obj).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        params = []
+    missing = [p for p in params if p not in _documented_parameters(doc)]
+    if missing:
+        gaps.append(f"Args: does not describe {', '.join(missing)}")
+    if inspect.isfunction(obj):
+        if not re.search(r"^Returns:$", doc, re.M):
+            gaps.append("no Returns: section")
+        if not re.search(r"^Raises:$", doc, re.M) and not re.search(r"^Never raises", doc, re.M):
+            gaps.append("no Raises: section (or a line 'Never raises.')")
+    return gaps
+
+
+def test_the_docstring_check_finds_what_is_missing():
+    def documented(a, b=1):
+        """Adds.
+
+        Args:
+            a: one.
+            b: two.
+
+        Returns:
+            The sum.
+
+        Raises:
+            TypeError: not numbers.
+        """
+
+    def undocumented(a, b=1):
+        """Adds.
+
+        Args:
+            a: one.
+        """
+    assert docstring_gaps(documented) == []
+    assert docstring_gaps(undocumented) == [
+        "Args: does not describe b", "no Returns: section",
+        "no Raises: section (or a line 'Never raises.')"]
+
+
+def test_every_public_function_documents_its_arguments_result_and_errors():
+    hvd, names = _public()
+    gaps = {n: g for n in names for g in [docstring_gaps(getattr(hvd, n))]
+            if callable(getattr(hvd, n)) and g}
+    assert not gaps, f"public names whose docstrings leave something out: {gaps}"
+
+
+def test_every_public_name_is_in_the_api_reference():
+    _, names = _public()
+    with open(os.path.join(REPO, "docs", "api.md"), encoding="utf-8") as f:
+        page = f.read()
+    missing = [n for n in names if not re.search(rf"(hvdcompat|hvd)\.{re.escape(n)}\b", page)]
+    assert not missing, f"docs/api.md does not document {missing}"
+
+
+# ---------------------------------------------------------------- the site
+
+def test_the_site_builds_without_warnings(tmp_path):
+    """The documentation site, as a reader gets it: warnings (a broken link, a
+    heading anchor that does not exist, a docstring autodoc cannot render) fail."""
+    try:
+        import myst_parser  # noqa: F401
+        import sphinx  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"the docs build needs sphinx and myst-parser ({e}); they come with the test "
+                    "extra: pip install -e '.[test]' (or pip install 'sphinx>=7' 'myst-parser>=2')")
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+           os.path.join(REPO, "docs"), str(tmp_path / "html")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}"
+    api = (tmp_path / "html" / "api.html").read_text(encoding="utf-8")
+    _, names = _public()
+    rendered = set(re.findall(r'id="hvdcompat\.(\w+)"', api))
+    assert "allreduce" in rendered and "DistributedOptimizer" in rendered, sorted(rendered)
