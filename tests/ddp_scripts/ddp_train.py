@@ -60,6 +60,10 @@ def main():
         raise SystemExit(f"rank {r}: parameters differ from the reference by {err}")
     print(f"ddp_train rank {r} of {n} ok backend={dist.get_backend()} route={route} err={err:.2e}",
           flush=True)
+    # Tear down together, the model first: no rank closes its gloo connections
+    # while a peer's group is still in use, and no DDP reducer outlives the group.
+    del model, opt
+    dist.barrier()
     dist.destroy_process_group()
 
 
