@@ -155,3 +155,40 @@ def test_the_reset_limit_stops_the_job(cluster, tmp_path):
     assert code != 0 and not reports, out
     assert ("elastic training reached the reset limit (--reset-limit 0) after 0 reset(s) and "
             "stops" in out), out
+
+
+def test_a_restart_whose_saved_state_is_gone_stops_instead_of_starting_from_scratch(cluster,
+                                                                                    tmp_path):
+    """Host b joins (a restart); the discovery script, run by the driver every second, removes
+    restart.pt as soon as rank 0's restart mark is there, as the host that wrote it would take a
+    host-local file with it. The job must stop (the driver, or every relaunched rank, says why),
+    not train again from epoch 0 with the reset count at 0."""
+    a, b = cluster.names
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    base = tmp_path / "elastic"
+    base.mkdir()
+    script = _discovery(tmp_path, hold, [(None, [f"{a}:1"]), ("hold-0.6", [f"{a}:1", f"{b}:1"])])
+    with open(script) as f:
+        body = f.read()
+    with open(script, "w") as f:
+        f.write(body.replace("#!/bin/sh\n", "#!/bin/sh\nfor d in " + str(base) + "/*/; do "
+                             "{ [ -e \"$d/restart\" ] || [ -e \"$d/restart.expected\" ]; } && "
+                             "rm -f \"$d/restart.pt\"; done\n"))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    result = run_hvdcompatrun(
+        cluster, ["--min-np", "1", "--host-discovery-script", script, "--mpi-args",
+                  " ".join(cluster.mpi_args()), sys.executable, EXAMPLE, *ARGS, "--epochs", "2",
+                  "--hold-at", "0:6", "--hold-dir", str(hold), "--report-dir", str(reports)],
+        timeout=TIMEOUT, check=False, env={"HVDCOMPAT_ELASTIC_DIR": str(base)})
+    out = result.output
+    assert not result.timed_out and result.returncode != 0, out
+    by_driver = re.search(r"hvdcompatrun: rank 0 asked for a restart on new hosts \(its mark of "
+                          r"[\d.]+\), but its saved state \S+restart.pt is not there; the job "
+                          r"stops rather than start again from the initial state", out)
+    by_ranks = ("the job was restarted on new hosts to continue from its last commit, but rank 0 "
+                f"(host {a}) cannot read the saved state: FileNotFoundError") in out
+    assert by_driver or by_ranks, out
+    assert by_driver or f"restarting the job from its last commit on {a}:1, {b}:1" in out, out
+    assert "training finished" not in out and not list(reports.iterdir()), out
