@@ -557,7 +557,12 @@ def engine_stats():
         ``cache_misses``, ``collectives`` (after fusion), ``tensors``,
         ``fused_collectives``, ``fused_tensors``, ``bytes``, ``errors``,
         ``hierarchical_allreduces`` / ``hierarchical_allgathers`` (MPI calls
-        on host tensors that ran node-aware); and the settings in effect,
+        on host tensors that ran node-aware), the negotiation's own cost
+        (``negotiation_ns``: time inside negotiation cycles; ``flag_bytes``:
+        bytes of the cycle words combined; on set rank 0
+        ``coordinator_in_bytes`` / ``coordinator_out_bytes``: request lists
+        gathered and responses broadcast, ``coordinator_ns``: time deciding;
+        see docs/scaling.md); and the settings in effect,
         which ``HOROVOD_AUTOTUNE=1`` changes while it searches:
         ``fusion_threshold_bytes``, ``cycle_time_ms``, ``fusion_chunk_bytes``,
         ``max_call_bytes``, ``hierarchical_allreduce``, ``autotune_active``

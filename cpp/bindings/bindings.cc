@@ -201,6 +201,11 @@ py::dict Stats() {
   py::dict d;
   d["cycles"] = s.cycles.load();
   d["slow_path_cycles"] = s.slow_path_cycles.load();
+  d["negotiation_ns"] = s.negotiation_ns.load();
+  d["flag_bytes"] = s.flag_bytes.load();
+  d["coordinator_in_bytes"] = s.coordinator_in_bytes.load();
+  d["coordinator_out_bytes"] = s.coordinator_out_bytes.load();
+  d["coordinator_ns"] = s.coordinator_ns.load();
   d["cache_hits"] = s.cache_hits.load();
   d["cache_misses"] = s.cache_misses.load();
   d["collectives"] = s.collectives.load();

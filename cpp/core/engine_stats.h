@@ -30,11 +30,21 @@ struct EngineStats {
   std::atomic<uint64_t> network_allreduces{0};
   // Bytes those segments handed to MPI (elements times the wire type's size).
   std::atomic<uint64_t> network_bytes{0};
+  // Negotiation's own traffic and work (Note [Negotiation cost] in controller.cc):
+  // wall time inside negotiation cycles and bytes of the cycle words each rank
+  // combines, and on set rank 0 the request lists gathered, the responses
+  // broadcast, and the time spent deciding.
+  std::atomic<uint64_t> negotiation_ns{0};
+  std::atomic<uint64_t> flag_bytes{0};
+  std::atomic<uint64_t> coordinator_in_bytes{0};
+  std::atomic<uint64_t> coordinator_out_bytes{0};
+  std::atomic<uint64_t> coordinator_ns{0};
 
   void Reset() {
     for (auto* c : {&cycles, &slow_path_cycles, &cache_hits, &cache_misses, &collectives,
                     &tensors, &fused_collectives, &fused_tensors, &bytes, &errors, &hierarchical_allreduces,
-                    &hierarchical_allgathers, &network_allreduces, &network_bytes}) {
+                    &hierarchical_allgathers, &network_allreduces, &network_bytes, &negotiation_ns, &flag_bytes,
+                    &coordinator_in_bytes, &coordinator_out_bytes, &coordinator_ns}) {
       c->store(0);
     }
   }

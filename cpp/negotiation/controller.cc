@@ -57,6 +57,15 @@ void Controller::Forget(const std::string& name) {
 
 Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point now,
                                          double stall_seconds) {
+  const auto start = Clock::now();
+  Outcome out = Cycle(want_shutdown, now, stall_seconds);
+  stats_->negotiation_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  return out;
+}
+
+Controller::Outcome Controller::Cycle(bool want_shutdown, Clock::time_point now,
+                                      double stall_seconds) {
   ++stats_->cycles;
   ++cycles_;
   // Note [Cycle words].
@@ -74,6 +83,7 @@ Controller::Outcome Controller::RunCycle(bool want_shutdown, Clock::time_point n
   words[FlagWords::kAnd] = joined ? kAllJoined : 0;
   words[FlagWords::kMax] = blob.size();
 
+  stats_->flag_bytes += words.size() * sizeof(uint64_t);
   transport_->CombineFlags(words);
 
   Outcome out;
@@ -159,12 +169,28 @@ void Controller::TakeCachedReady(size_t w, const uint64_t* invalid, const uint64
   }
 }
 
+// Note [Negotiation cost]: a cycle costs every rank one combine of
+// FlagWords::Size(W) words (W = cache words, a bit per cached tensor), whatever
+// the number of ranks. Only a cycle with new or changed requests (the first
+// iteration, a cache miss, a stall report) also gathers request lists on set
+// rank 0, which decodes, checks and answers them: work and bytes there grow
+// with ranks x requests, once. The counters in EngineStats measure both
+// (docs/scaling.md); bytes are payload (the MPI transport pads every rank's
+// slot of the gather to the longest list).
 void Controller::RunSlowPath(const std::string& blob, size_t max_blob, bool params_update,
                              Outcome* out) {
   ++stats_->slow_path_cycles;
   std::vector<std::string> all;
   transport_->GatherBlobs(blob, max_blob, &all);
-  std::string reply = coordinator_ ? Coordinate(all) : std::string();
+  std::string reply;
+  if (coordinator_) {
+    const auto start = Clock::now();
+    reply = Coordinate(all);
+    stats_->coordinator_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+        Clock::now() - start).count();
+    for (const auto& b : all) stats_->coordinator_in_bytes += b.size();
+    stats_->coordinator_out_bytes += reply.size();
+  }
   transport_->BroadcastBlob(&reply);
   size_t skip = 0;
   if (params_update) {
@@ -184,7 +210,7 @@ std::string Controller::Coordinate(const std::vector<std::string>& blobs) {
   const Clock::time_point arrived = Clock::now();
   for (const auto& b : blobs) {
     if (b.empty()) continue;
-    for (const auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(q, arrived);
+    for (auto& q : DecodeRequests(b.data(), b.size())) coordinator_->Add(std::move(q), arrived);
   }
   std::string reply = EncodeResponses(coordinator_->TakeReady());
   if (announce_) {

@@ -78,6 +78,8 @@ class Controller {
   };
   using LocalList = std::list<Local>;
 
+  // RunCycle without the timing.
+  Outcome Cycle(bool want_shutdown, Clock::time_point now, double stall_seconds);
   // The steps of RunCycle, in order. `w` is the cache's word count for the
   // cycle; `invalid` and `ready` are the cycle words' bit vectors.
   // Looks up unsent requests in the cache and marks this rank's bits; returns

@@ -57,38 +57,52 @@ std::string TrailingDims(const std::vector<Shape>& shapes) {
   return s;
 }
 
+// Note [Coordinator rows]: at the first iteration every rank sends every
+// name, so the coordinator holds ranks x names requests at once. Nearly all
+// are equal field for field to the name's first (an allreduce of one shape
+// everywhere), so a row keeps the first request and only those that differ
+// in a field some check compares (SameForChecks): memory and the checks of
+// an agreeing row are then independent of the number of ranks, and the
+// per-rank values are walked only when something differs (to name them).
+bool SameForChecks(const Request& a, const Request& b) {
+  return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
+         a.device == b.device && a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.auto_named == b.auto_named && a.shapes == b.shapes;
+}
+
 // One row's requests as the checks see them: who submitted, whether they
 // agree on a field, and each rank's value of it for the message.
 class RowView {
  public:
-  RowView(const std::vector<Request>& requests, const std::vector<bool>& have,
-          const std::vector<int>& global_ranks)
-      : requests_(requests), global_ranks_(global_ranks) {
-    for (size_t r = 0; r < have.size(); ++r) {
-      if (have[r]) who_.push_back(static_cast<int>(r));
-    }
-  }
+  RowView(const CoordinatorRow& row, const std::vector<int>& global_ranks)
+      : row_(row), global_ranks_(global_ranks) {}
 
-  const Request& first() const { return requests_[who_[0]]; }
+  // The lowest submitting rank's request (its shapes go into the response).
+  const Request& first() const { return row_.at(row_.lowest); }
   int global_rank(int set_rank) const { return global_ranks_[set_rank]; }
 
+  // Every check compares only fields SameForChecks compares, so a row with
+  // no differing request agrees on all of them.
   bool Differ(const std::function<bool(const Request&, const Request&)>& same) const {
-    for (int r : who_) {
-      if (!same(first(), requests_[r])) return true;
+    if (row_.differing.empty()) return false;
+    const Request& f = first();
+    for (size_t r = 0; r < row_.have.size(); ++r) {
+      if (row_.have[r] && !same(f, row_.at(static_cast<int>(r)))) return true;
     }
     return false;
   }
 
   std::string Values(const std::function<std::string(const Request&)>& f) const {
     std::vector<std::pair<int, std::string>> v;
-    for (int r : who_) v.emplace_back(global_ranks_[r], f(requests_[r]));
+    for (size_t r = 0; r < row_.have.size(); ++r) {
+      if (row_.have[r]) v.emplace_back(global_ranks_[r], f(row_.at(static_cast<int>(r))));
+    }
     return ByRank(v);
   }
 
  private:
-  const std::vector<Request>& requests_;
+  const CoordinatorRow& row_;
   const std::vector<int>& global_ranks_;
-  std::vector<int> who_;  // set ranks that submitted
 };
 
 // Ranks that disagree on one property of an op.
@@ -207,7 +221,7 @@ Coordinator::Coordinator(int size, std::vector<int> global_ranks, int process_se
       process_set_id_(process_set_id),
       joined_(size, false) {}
 
-void Coordinator::Add(const Request& q, Clock::time_point now) {
+void Coordinator::Add(Request q, Clock::time_point now) {
   HVD_ENFORCE(q.rank >= 0 && q.rank < size_, "request from rank " << q.rank << " of " << size_);
   if (q.op == OpType::kJoin) {
     if (!joined_[q.rank]) {
@@ -217,21 +231,33 @@ void Coordinator::Add(const Request& q, Clock::time_point now) {
     last_joined_ = q.rank;
     return;
   }
+  const int rank = q.rank;
   auto it = rows_.find(q.name);
   if (it == rows_.end()) {
     Row row;
-    row.requests.resize(size_);
     row.have.assign(size_, false);
+    row.have[rank] = true;
+    row.count = 1;
+    row.lowest = rank;
     row.first_seen = now;
-    it = rows_.emplace(q.name, std::move(row)).first;
     order_.push_back(q.name);
+    std::string name = q.name;
+    row.first = std::move(q);
+    rows_.emplace(std::move(name), std::move(row));
+    return;
   }
   Row& row = it->second;
-  if (!row.have[q.rank]) {
-    row.have[q.rank] = true;
+  if (!row.have[rank]) {
+    row.have[rank] = true;
     ++row.count;
+    if (rank < row.lowest) row.lowest = rank;
   }
-  row.requests[q.rank] = q;
+  // Note [Coordinator rows]; a rank that submits again replaces its request.
+  if (SameForChecks(row.first, q)) {
+    if (!row.differing.empty()) row.differing.erase(rank);
+  } else {
+    row.differing[rank] = std::move(q);
+  }
 }
 
 bool Coordinator::Ready(const Row& row) const {
@@ -241,8 +267,10 @@ bool Coordinator::Ready(const Row& row) const {
     // Waiting for the rest could hang, since ranks that joined at different
     // times have issued different numbers of unnamed ops and name them apart.
     for (int r = 0; r < size_; ++r) {
-      if (row.have[r] && row.requests[r].op != OpType::kAllreduce) return true;
+      if (row.have[r] && row.at(r).op != OpType::kAllreduce) return true;
     }
+  } else {
+    return row.count == size_;
   }
   for (int r = 0; r < size_; ++r) {
     if (!row.have[r] && !joined_[r]) return false;
@@ -259,7 +287,7 @@ std::string Coordinator::RankList(const std::vector<int>& set_ranks) const {
 }
 
 Response Coordinator::Validate(const std::string& name, const Row& row) const {
-  RowView view(row.requests, row.have, global_ranks_);
+  RowView view(row, global_ranks_);
   Response p = FirstResponse(name, view.first());
   const char* op = OpTypeName(p.op);
   const std::string where = process_set_id_ == 0
@@ -336,7 +364,7 @@ std::vector<Coordinator::Stalled> Coordinator::FindStalled(double seconds,
     s.name = name;
     for (int r = 0; r < size_; ++r) {
       if (row.have[r]) {
-        s.op = row.requests[r].op;
+        s.op = row.at(r).op;
         s.submitted.push_back(global_ranks_[r]);
       } else if (!joined_[r]) {
         s.missing.push_back(global_ranks_[r]);

@@ -16,12 +16,29 @@ namespace hvdcompat {
 
 using Clock = std::chrono::steady_clock;
 
+// One name's requests, one per submitting set rank, kept compactly (Note
+// [Coordinator rows] in coordinator.cc): the first request to arrive, and only
+// the requests that differ from it in a field the checks compare.
+struct CoordinatorRow {
+  Request first;
+  std::unordered_map<int, Request> differing;  // by set rank
+  std::vector<bool> have;                     // indexed by set rank
+  int count = 0;
+  int lowest = -1;  // the lowest set rank that submitted
+  Clock::time_point first_seen;
+
+  const Request& at(int set_rank) const {
+    auto it = differing.find(set_rank);
+    return it == differing.end() ? first : it->second;
+  }
+};
+
 class Coordinator {
  public:
   // `global_ranks[i]` is the global rank of set rank i (used in messages).
   Coordinator(int size, std::vector<int> global_ranks, int process_set_id);
 
-  void Add(const Request& request, Clock::time_point now);
+  void Add(Request request, Clock::time_point now);
 
   // Responses ready on every rank, in order of first arrival; a join
   // response last once every rank has joined. While some rank is joined, a
@@ -42,12 +59,7 @@ class Coordinator {
   bool empty() const { return rows_.empty(); }
 
  private:
-  struct Row {
-    std::vector<Request> requests;  // indexed by set rank
-    std::vector<bool> have;
-    int count = 0;
-    Clock::time_point first_seen;
-  };
+  using Row = CoordinatorRow;
 
   bool Ready(const Row& row) const;
   Response Validate(const std::string& name, const Row& row) const;

@@ -338,6 +338,8 @@ void RegisterLayoutTesting(py::module_& m) {
 
 }  // namespace
 
+void RegisterNegotiationSim(py::module_& m);  // negotiation_sim.cc
+
 static void RegisterGpuLoaderTesting(py::module_& m) {
   m.def(
       "load_gpu_libraries",
@@ -428,6 +430,7 @@ void RegisterTestingBindings(py::module_& m) {
   m.def("simulate_announce", &Simulate, py::arg("size"), py::arg("cache_capacity"),
         py::arg("rounds"), py::arg("announce"));
   RegisterAutotuneTesting(m);
+  RegisterNegotiationSim(m);
   RegisterLayoutTesting(m);
   RegisterGpuLoaderTesting(m);
   m.def("float_to_half_bits", [](const std::vector<float>& v) {
