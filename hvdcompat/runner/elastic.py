@@ -180,6 +180,7 @@ def parse_discovery_output(text, slots_per_host):
             raise _hosts.HostListError(f"{where}: slots must be a whole number") from None
         if n < 1 or not name:
             raise _hosts.HostListError(f"{where}: expected host[:slots] with slots >= 1")
+        _hosts.check_host_name(name, where)
         pairs.append(_hosts.Host(name, n))
     return pairs
 
@@ -198,7 +199,10 @@ def discover(script, slots_per_host, timeout=30):
     if out.returncode != 0:
         raise _hosts.HostListError(f"--host-discovery-script {script!r} exited with "
                                    f"{out.returncode}: {out.stderr.strip()[:500]}")
-    return parse_discovery_output(out.stdout, slots_per_host)
+    try:
+        return parse_discovery_output(out.stdout, slots_per_host)
+    except _hosts.HostListError as e:
+        raise _hosts.HostListError(f"--host-discovery-script {script!r}: {e}") from None
 
 
 def wait_for_hosts(args, clock=time.monotonic, sleep=time.sleep):

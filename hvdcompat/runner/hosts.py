@@ -10,8 +10,8 @@ import re
 import socket
 from collections import OrderedDict, namedtuple
 
-__all__ = ["Host", "HostListError", "parse_hosts_arg", "parse_hostfile", "total_slots",
-           "is_local_host", "all_local"]
+__all__ = ["Host", "HostListError", "check_host_name", "parse_hosts_arg", "parse_hostfile",
+           "total_slots", "is_local_host", "all_local"]
 
 Host = namedtuple("Host", ["name", "slots"])
 
@@ -20,6 +20,29 @@ _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
 
 class HostListError(ValueError):
     """A host list or hostfile that hvdcompatrun cannot read."""
+
+
+def check_host_name(name, where):
+    """Raises HostListError unless ``name`` is a host name that is safe on a command line.
+
+    A name reaches mpirun's ``-H`` list (comma-separated) and the argv of the
+    ssh that starts each remote daemon, so it may hold only letters, digits
+    and ``_ . - [ ] :`` (IPv6 literals), and it may not start with ``-``
+    (which ssh would read as an option, e.g. ``-oProxyCommand=...``).
+
+    Args:
+        name: the host name.
+        where: what the message names (the option and entry, or file and line).
+    """
+    if not name:
+        raise HostListError(f"{where}: the host name is empty; write HOST or HOST:SLOTS")
+    if name.startswith("-"):
+        raise HostListError(f"{where}: host name {name!r} starts with '-', which ssh and mpirun "
+                            "would read as an option; a host name starts with a letter or digit")
+    if not _HOSTNAME.match(name):
+        raise HostListError(f"{where}: host name {name!r} holds characters a host name cannot "
+                            "(only letters, digits and _ . - [ ] : are allowed; no commas or "
+                            "spaces)")
 
 
 def _slots(text, where):
@@ -60,8 +83,9 @@ def parse_hosts_arg(text):
         name, sep, slots = item.rpartition(":")
         if not sep:
             name, slots = item, "1"
-        if not name or not _HOSTNAME.match(name):
+        if not name:
             raise HostListError(f"{where}: {item!r} is not HOST:SLOTS (e.g. node1:8)")
+        check_host_name(name, where)
         pairs.append((name, _slots(slots, where)))
     return _merge(pairs)
 
@@ -92,9 +116,10 @@ def parse_hostfile(path):
         where = f"{path}:{lineno}"
         fields = line.split()
         name, options = fields[0], fields[1:]
-        if not _HOSTNAME.match(name) or "=" in name:
+        if "=" in name and not name.startswith("-"):
             raise HostListError(f"{where}: {raw.strip()!r} does not start with a host name; "
                                 "each line must read 'HOST slots=N' (e.g. 'node1 slots=8')")
+        check_host_name(name, where)
         slots = 1
         for opt in options:
             key, sep, value = opt.partition("=")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from hvdcompat.runner import environment as _environment
-from hvdcompat.runner.hosts import total_slots
+from hvdcompat.runner.hosts import check_host_name, total_slots
 
 __all__ = ["MpirunNotFound", "LaunchSpec", "find_mpirun", "mpi_flavor", "physical_cores",
            "forwarded_names", "build_command", "ssh_and_interface_args",
@@ -258,9 +258,12 @@ def build_command(mpirun, spec):
         list of strings.
 
     Raises:
-        ValueError: more ranks than the host list has slots, or
+        ValueError: more ranks than the host list has slots, a host name
+            that is not safe on mpirun's and ssh's command lines, or
             ``fault_tolerant`` with an MPI that has no ULFM launcher flag.
     """
+    for host in spec.hosts:  # whatever listed them: they reach mpirun's and ssh's argv
+        check_host_name(host.name, "hvdcompatrun's host list")
     if spec.hosts and spec.np > total_slots(spec.hosts):
         listed = ",".join(f"{h.name}:{h.slots}" for h in spec.hosts)
         raise ValueError(f"hvdcompatrun: -np {spec.np} asks for more ranks than the hosts have "

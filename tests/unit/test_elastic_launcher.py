@@ -58,6 +58,24 @@ def test_discovery_output_is_host_colon_slots_with_a_default():
         elastic.parse_discovery_output("a:x\n", 1)
 
 
+@pytest.mark.parametrize("line, needle", [
+    ("-oProxyCommand=touch${IFS}pwned:1", "starts with '-'"),
+    ("-oProxyCommand=x", "starts with '-'"),
+    ("a,b:2", "no commas or spaces"),
+    ("a b:2", "no commas or spaces"),
+])
+def test_discovered_host_names_are_checked_like_dash_h_names(tmp_path, line, needle):
+    with pytest.raises(HostListError, match=needle) as info:
+        elastic.parse_discovery_output(f"good:1\n{line}\n", 1)
+    assert "line 2" in str(info.value) and repr(line) in str(info.value)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\necho good:1\necho '{line}'\n")
+    script.chmod(0o755)
+    with pytest.raises(HostListError, match=needle) as info:
+        elastic.discover(str(script), 1)
+    assert str(script) in str(info.value) and "line 2" in str(info.value)
+
+
 def test_wait_for_hosts_polls_until_min_np_slots_or_the_timeout(tmp_path):
     counter = tmp_path / "n"
     counter.write_text("0")

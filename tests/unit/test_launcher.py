@@ -52,6 +52,31 @@ def test_hosts_arg_errors_say_which_entry(text, needle):
         parse_hosts_arg(text)
 
 
+@pytest.mark.parametrize("name, needle", [
+    ("-oProxyCommand=touch${IFS}x", "starts with '-'"),
+    ("-F", "starts with '-'"),
+    ("node 1", "no commas or spaces"),
+    ("node;1", "characters a host name cannot"),
+])
+def test_host_names_unsafe_on_a_command_line_are_refused_everywhere(tmp_path, name, needle):
+    with pytest.raises(HostListError, match=needle) as info:
+        parse_hosts_arg(f"good:1,{name}:2")
+    assert "entry 2" in str(info.value)
+    path = tmp_path / "hosts.txt"
+    path.write_text(f"good slots=1\n{name} slots=2\n")
+    if " " not in name:  # a space ends the hostfile's name field: the rest is an option
+        with pytest.raises(HostListError, match=needle) as info:
+            parse_hostfile(str(path))
+        assert f"{path}:2:" in str(info.value)
+    # A name that reached the launch by another way is refused at the mpirun line too.
+    with pytest.raises(ValueError, match=needle):
+        build_command("mpirun", _spec(np=2, hosts=[Host("good", 1), Host(name, 1)]))
+    with pytest.raises(ValueError, match=needle):
+        build_command("mpiexec", _spec(np=2, hosts=[Host(name, 2)], flavor="mpich"))
+    assert parse_hosts_arg("node-1.example:2,[fe80::1]:1") == [Host("node-1.example", 2),
+                                                                Host("[fe80::1]", 1)]
+
+
 def test_hostfile_comments_blank_lines_and_defaults(tmp_path):
     path = tmp_path / "hosts.txt"
     path.write_text(textwrap.dedent("""\
