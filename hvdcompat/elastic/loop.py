@@ -158,9 +158,10 @@ def _restore_after_restart(state):
             if expected is not None and not os.path.exists(path):
                 raise FileNotFoundError(f"{path} is missing")
             if os.path.exists(path):
-                import torch
+                from hvdcompat.elastic import private_file
 
-                payload = torch.load(path, weights_only=False)
+                # Refuses a file another user could have written (it is unpickled).
+                payload = private_file.load(path)
                 if expected is not None and f"{payload['meta']['saved_at']:.6f}" != expected:
                     raise ValueError(f"{path} was saved at {payload['meta']['saved_at']:.6f}, "
                                      f"not at {expected} as the restart's mark says")
@@ -195,6 +196,7 @@ def _restart_for_new_hosts(state, resets):
     """Rank 0 writes the saved state for the next launch; then every rank exits to be relaunched."""
     import torch
 
+    from hvdcompat.elastic import private_file
     from hvdcompat.ops import allreduce
 
     directory = _elastic_dir()
@@ -202,8 +204,7 @@ def _restart_for_new_hosts(state, resets):
         meta = {"resets": resets, "hosts_updated_at": state._last_updated_timestamp,
                 "saved_at": time.time(), "size": basics.size()}
         path = os.path.join(directory, RESTART_STATE)
-        torch.save({"state": state.saved_values(), "meta": meta}, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        private_file.save({"state": state.saved_values(), "meta": meta}, path)
         with open(os.path.join(directory, RESTART_MARK + ".tmp"), "w") as f:
             f.write(f"{meta['saved_at']:.6f}\n")
         os.replace(os.path.join(directory, RESTART_MARK + ".tmp"),
