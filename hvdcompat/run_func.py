@@ -17,7 +17,6 @@ and its reports turned into errors is :mod:`hvdcompat.run_job`, for both.
 
 import os
 import shlex
-import socket
 import subprocess
 import warnings
 
@@ -82,20 +81,41 @@ def _host_list(hosts, hostfile):
     return []
 
 
-def _driver_addresses(host_list):
-    """(address to listen on, addresses the ranks try) for this host list."""
+def _driver_addresses(host_list, network_interface=None):
+    """The addresses the driver listens on, which are those the ranks call back on.
+
+    Only these are bound, never every interface (0.0.0.0): loopback when
+    every host is this machine; else the addresses of ``network_interface``
+    (names or CIDR subnets, comma-separated, as hvdcompatrun's
+    ``--network-interfaces``) when given, or this machine's address on the
+    route to each remote host.
+    """
     from hvdcompat.runner.hosts import all_local, is_local_host
 
     if all_local(host_list):
-        return "127.0.0.1", ["127.0.0.1"]
-    found = []
+        return ["127.0.0.1"]
+    if network_interface:
+        found = run_channel.interface_addresses(network_interface.split(","))
+        if not found:
+            raise ValueError(f"hvdcompat.run(network_interface={network_interface!r}): no IPv4 "
+                             "address of this machine is on that interface; name one that "
+                             "holds the address the ranks' hosts reach this machine at")
+        return found
+    found, unrouted = [], []
     for host in host_list:
         if not is_local_host(host.name):
             address = run_channel.route_address(host.name)
-            if address and address not in found:
+            if address is None:
+                unrouted.append(host.name)
+            elif address not in found:
                 found.append(address)
-    found.append(socket.getfqdn())
-    return "0.0.0.0", found
+    if unrouted:
+        raise ValueError(f"hvdcompat.run: no route from this machine to host(s) {unrouted} "
+                         "(their names do not resolve here), so there is no address to listen "
+                         "on for their ranks; pass network_interface= naming this machine's "
+                         "interface towards them, or list the hosts by names or addresses that "
+                         "resolve here")
+    return found
 
 
 def _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra):
@@ -292,11 +312,11 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         host_list = run_elastic.discovered_hosts(options)
     else:
         host_list = _host_list(hosts, hostfile)
-    bind, addresses = _driver_addresses(host_list)
+    addresses = _driver_addresses(host_list, network_interface)
 
     job = run_job.Job(num_proc or 0, payload)
     secret = run_channel.new_secret()
-    listener = run_channel.Listener(bind, secret, job.handle)
+    listener = run_channel.Listener(addresses, secret, job.handle)
     launch = run_elastic.launch if elastic else _launch
     try:
         code = launch(options, listener, job, secret, timeout, addresses, executable,
