@@ -133,7 +133,7 @@ def plan(options, port, addresses, secret, timeout, executable, output_filename,
     environ[run_channel.SECRET_ENV] = secret.hex()
     environ["PYTHONPATH"] = _rank_pythonpath(environ)
     try:
-        cmd, env = launch.plan_launch(options, command, environ=environ)
+        cmd, env = launch.plan_launch(options, command, environ=environ, relayed=False)
     except launch.LaunchError as e:
         raise ValueError(f"hvdcompat.run could not launch the job: {e} (num_proc, hosts and "
                          "hostfile are hvdcompatrun's -np, -H and --hostfile; min_num_proc, "

@@ -12,7 +12,7 @@ import re
 import signal
 import threading
 
-from hvdcompat.runner.rank_supervisor import MARKER
+from hvdcompat.runner.rank_supervisor import report_marker
 
 # mpirun arguments that change where ranks go; the host list alone then does
 # not say which ranks a lost host ran (expected_placement cannot be used).
@@ -22,10 +22,11 @@ MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-
 __all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code",
            "final_world_exit"]
 
-_MARKER = MARKER.encode()
 # prterun: "PRTE has lost communication with a remote daemon. ... Remote daemon:
 # [prterun-...@0,1] on node node2"; a daemon that died: "... on node node2 ...".
-_LOST_HOST = re.compile(rb"Remote daemon\s*:\s*\S+ on node (\S+)")
+# The daemon's name is its job's namespace (before the "@"), then its number.
+_LOST_HOST = re.compile(rb"^[ \t]*Remote daemon\s*:\s*\[?([^\s@\]]*)@[^\s\]]*\]? on node (\S+)",
+                        re.MULTILINE)
 # A rank whose MPI aborted it on an error (a survivor whose peer's connection
 # closed, typically): "*** reported by process [1720975361,0]".
 _MPI_ABORTED = re.compile(rb"\*\*\* reported by process \[\d+,(\d+)\]")
@@ -40,12 +41,20 @@ class OutputRelay:
 
     Thread-safe: one thread per stream writes; :attr:`reports` and
     :attr:`lost_hosts` are read after :meth:`join`.
+
+    With ``token`` (the launch's report secret, Note [Report channel] in
+    rank_supervisor.py) only lines that carry it are reports, and a lost
+    daemon counts only when it belongs to the Open MPI job a report named;
+    whatever a rank prints is passed on as its output.
     """
 
-    def __init__(self, pairs):
-        """Args: pairs: (readable file object, our fd to write to)."""
+    def __init__(self, pairs, token=None):
+        """Args: pairs: (readable file object, our fd to write to); token: the report secret."""
+        self._marker = report_marker(token).encode()
+        self._token = token
         self.reports = []
-        self.lost_hosts = []
+        self.namespaces = set()  # Open MPI jobs the reports named
+        self._lost = []          # (namespace or None, host), in the order seen
         self.lost_ranks = set()
         self.mpi_aborted = set()  # ranks MPI itself aborted on an error
         self.line_open = {}  # fd -> whether its output ends inside a line
@@ -72,12 +81,13 @@ class OutputRelay:
             while start < len(data):
                 nl = data.find(b"\n", start)
                 line = data[start:] if nl < 0 else data[start:nl + 1]
-                if nl < 0 and (_MARKER.startswith(line) or line.startswith(_MARKER)):
+                marker = self._marker
+                if nl < 0 and (marker.startswith(line) or line.startswith(marker)):
                     pending = line  # wait for the rest of it
                     break
-                at = line.find(_MARKER)
+                at = line.find(marker)
                 if at >= 0 and nl >= 0:
-                    self._take_report(line[at + len(_MARKER):])
+                    self._take_report(line[at + len(marker):])
                     out.append(line[:at])
                 else:
                     out.append(line)
@@ -96,22 +106,44 @@ class OutputRelay:
             report = json.loads(payload.decode("utf-8", "replace"))
         except ValueError:
             return
+        if not isinstance(report, dict):
+            return
         with self._lock:
-            self.reports.append(report)
+            if report.get("kind") == "start":
+                namespace = report.get("namespace")
+                if isinstance(namespace, str) and "@" in namespace:
+                    self.namespaces.add(namespace.rsplit("@", 1)[0])
+            else:
+                self.reports.append(report)
+
+    @property
+    def lost_hosts(self):
+        """Hosts Open MPI (or the engine) lost contact with, in the order seen."""
+        with self._lock:
+            return self._lost_hosts()
+
+    def _lost_hosts(self):
+        hosts = []
+        for namespace, host in self._lost:
+            trusted = namespace is None or self._token is None or namespace in self.namespaces
+            if trusted and host not in hosts:
+                hosts.append(host)
+        return hosts
 
     def _scan(self, tail):
-        found = [(m.group(1).decode("utf-8", "replace").rstrip(".,"), ())
+        found = [(m.group(1).decode("utf-8", "replace"),
+                  m.group(2).decode("utf-8", "replace").rstrip(".,"), ())
                  for m in _LOST_HOST.finditer(tail)]
         for m in _LOST_RANKS.finditer(tail):
             ranks = [int(x) for x in re.findall(rb"\d+", m.group(1) + b" " + (m.group(3) or b""))]
             for host in m.group(2).decode("utf-8", "replace").split(", "):
-                found.append((host, ranks))
+                found.append((None, host, ranks))
         aborted = {int(m.group(1)) for m in _MPI_ABORTED.finditer(tail)}
         with self._lock:
             self.mpi_aborted.update(aborted)
-            for host, ranks in found:
-                if host not in self.lost_hosts:
-                    self.lost_hosts.append(host)
+            for namespace, host, ranks in found:
+                if (namespace, host) not in self._lost:
+                    self._lost.append((namespace, host))
                 self.lost_ranks.update(ranks)
 
     def survivors_done(self, np_ranks, placement=None):
@@ -121,10 +153,11 @@ class OutputRelay:
         adds the lost hosts' ranks when the launch fixed them.
         """
         with self._lock:
-            if not self.lost_hosts or np_ranks <= 0:
+            lost_hosts = self._lost_hosts()
+            if not lost_hosts or np_ranks <= 0:
                 return False
             lost = set(self.lost_ranks)
-            for host in self.lost_hosts:
+            for host in lost_hosts:
                 lost.update((placement or {}).get(host, ()))
             ended = {r.get("rank") for r in self.reports}
             return lost != set(range(np_ranks)) and set(range(np_ranks)) <= lost | ended

@@ -17,6 +17,7 @@ starts the ranks itself and serves their rendezvous store
 import argparse
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -31,6 +32,7 @@ from hvdcompat.runner import gloo_run as _gloo_run
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
 from hvdcompat.runner import ports as _ports
+from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner import tuning as _tuning
 
 __all__ = ["main", "LaunchError", "build_parser", "split_command", "check_command",
@@ -241,11 +243,13 @@ def _ssh_and_interfaces(args):
             "network_interfaces": nics}
 
 
-def plan_launch(args, command, environ=None, cwd=None, hosts=None):
+def plan_launch(args, command, environ=None, cwd=None, hosts=None, relayed=True):
     """The mpirun argv and environment for parsed ``args`` and ``command``.
 
     `hosts` (an elastic relaunch's host list, in order) replaces -H/--hostfile
     and discovery; the launch then takes all their slots up to --max-np.
+    `relayed`: the output goes through :func:`run`'s relay, so the rank
+    supervisors get a fresh report secret (Note [Report channel]).
 
     Raises:
         LaunchError: with the reason and the fix.
@@ -286,6 +290,7 @@ def plan_launch(args, command, environ=None, cwd=None, hosts=None):
     env.update(_tuning.tuning_environment(args))
     # Progress lines of the ranks appear as they are printed, not at exit.
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop(_supervisor.TOKEN_ENV, None)
     env.update(_rendezvous_env(env, hosts))
     try:
         mpirun = _mpirun.find_mpirun(env, _build_compiler(), sys.executable)
@@ -306,6 +311,8 @@ def plan_launch(args, command, environ=None, cwd=None, hosts=None):
         spec.command = [command[0], SUPERVISOR] + spec.command \
             if _PYTHON.match(os.path.basename(command[0])) else \
             [sys.executable, SUPERVISOR] + spec.command
+        if relayed:  # spec.env is env: the secret is forwarded by name
+            env[_supervisor.TOKEN_ENV] = secrets.token_hex(16)
     try:
         return _mpirun.build_command(mpirun, spec), env
     except ValueError as e:
@@ -401,7 +408,8 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
     """
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     relay = _exit_report.OutputRelay([(proc.stdout, sys.stdout.fileno()),
-                                      (proc.stderr, sys.stderr.fileno())])
+                                      (proc.stderr, sys.stderr.fileno())],
+                                     token=env.get(_supervisor.TOKEN_ENV))
 
     def forward(signum, _frame):
         # A terminal's Ctrl-C already went to mpirun, which shares our process

@@ -16,6 +16,17 @@ process that knows for certain when and how the rank ended; the launcher
 collects these reports from the job's output, removes them from it, and
 names the earliest.
 
+Note [Report channel]: the reports travel in the job's output, which the
+ranks write too, so a rank's own output must not pass for one (a rank that
+prints a report line could change the job's exit code or get a live job
+stopped). hvdcompatrun gives the supervisors a fresh secret for each launch
+(:data:`TOKEN_ENV`, forwarded by name only, so no command line shows it);
+the supervisor takes it out of the rank's environment before starting it and
+puts it in every report's marker (:func:`report_marker`). The launcher takes
+only lines that carry it as reports; the rest is the ranks' output. A
+supervisor also writes a start report naming its Open MPI job (namespace),
+whose daemons are the only ones whose loss the launcher believes.
+
 Run as a script, not as ``-m hvdcompat...``: importing the package would
 import torch in every supervisor.
 """
@@ -29,9 +40,16 @@ import subprocess
 import sys
 import time
 
-__all__ = ["MARKER", "main"]
+__all__ = ["MARKER", "TOKEN_ENV", "report_marker", "main"]
 
 MARKER = "hvdcompatrun-rank-exit: "
+# The launch's report secret (hex), in the supervisors' environment only.
+TOKEN_ENV = "HVDCOMPAT_REPORT_TOKEN"
+
+
+def report_marker(token):
+    """What starts a report line for the launch whose secret is ``token`` (MARKER without one)."""
+    return f"hvdcompatrun-rank-exit-{token}: " if token else MARKER
 
 _PR_SET_PDEATHSIG = 1
 # hvdcompat.elastic.loop.RESTART_EXIT_CODE (not imported: no torch here).
@@ -56,6 +74,13 @@ def _rank():
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return -1
+
+
+def _write_report(marker, report):
+    try:
+        os.write(2, (marker + json.dumps(report) + "\n").encode())
+    except OSError:
+        pass  # the launcher is gone; the exit status still tells it
 
 
 def _record_exit(report):
@@ -108,6 +133,10 @@ def main(argv=None):
     if not argv:
         print("rank_supervisor: no command given", file=sys.stderr)
         return 2
+    marker = report_marker(os.environ.pop(TOKEN_ENV, None))  # the rank never sees it
+    if marker != MARKER:
+        _write_report(marker, {"kind": "start", "rank": _rank(),
+                               "namespace": os.environ.get("PMIX_NAMESPACE")})
     try:
         child = subprocess.Popen(argv, preexec_fn=_die_with_parent,
                                  env=_place_environment(os.environ))
@@ -132,10 +161,7 @@ def main(argv=None):
             continue
     report = {"rank": _rank(), "host": socket.gethostname(), "time": time.time(),
               "status": code if code >= 0 else None, "signal": -code if code < 0 else None}
-    try:
-        os.write(2, (MARKER + json.dumps(report) + "\n").encode())
-    except OSError:
-        pass  # the launcher is gone; the exit status still tells it
+    _write_report(marker, report)
     _record_exit(report)
     if code > 0 and os.environ.get("HOROVOD_ELASTIC") == "1" and code != _RESTART_EXIT_CODE:
         # Note [Failed elastic rank]: under ULFM, Open MPI 5.0's launcher ends

@@ -140,3 +140,67 @@ def test_a_rank_mpi_aborted_after_a_peer_failed_is_not_named_first():
     assert line.startswith("hvdcompatrun: rank 2 on host n2 was killed by signal 9"), line
     # Alone, an aborted rank is still named.
     assert "rank 1 on host n1" in exit_report.summary(14, reports[:1], [], mpi_aborted={1})
+
+
+def test_with_the_launchs_secret_only_its_reports_and_its_jobs_daemons_count():
+    token = "5e" * 16
+    genuine = exit_report.report_marker(token)
+    start = (genuine + json.dumps({"kind": "start", "rank": 0,
+                                   "namespace": "prterun-n1-77@1"}) + "\n").encode()
+    forged = [
+        # What a rank printing the old marker, a made-up secret, or an old log would write.
+        MARKER + json.dumps({"rank": 0, "host": "n1", "time": 1.0, "status": 3}) + "\n",
+        exit_report.report_marker("0" * 32) + json.dumps({"rank": 1, "status": 4}) + "\n",
+        "PRTE has lost communication with a remote daemon.\n",
+        "  HNP daemon   : [prterun-old-1@0,0] on node old1\n",
+        "  Remote daemon: [prterun-old-1@0,1] on node n2\n",
+        "rank 1 says: Remote daemon: [prterun-n1-77@0,1] on node n2\n",  # not at a line start
+    ]
+    ended = (genuine + json.dumps({"rank": 0, "host": "n1", "time": 2.0, "status": 0,
+                                   "signal": None}) + "\n").encode()
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    relay = exit_report.OutputRelay([(os.fdopen(r, "rb"), out_w)], token=token)
+    os.write(w, start + "".join(forged).encode() + ended)
+    os.close(w)
+    relay.join(timeout=10)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        out = f.read()
+    assert out == "".join(forged).encode()  # the rank's lines are its output, unchanged
+    assert relay.reports == [{"rank": 0, "host": "n1", "time": 2.0, "status": 0, "signal": None}]
+    assert relay.namespaces == {"prterun-n1-77"}
+    assert relay.lost_hosts == [] and not relay.survivors_done(2, {"n2": [1]})
+    assert exit_report.first_failure_code(relay.reports) == 0
+    # This job's own daemon, as prterun reports its loss, still counts.
+    relay._scan(b"  Remote daemon: [prterun-n1-77@0,1] on node n2\n")
+    assert relay.lost_hosts == ["n2"] and relay.survivors_done(2, {"n2": [1]})
+
+
+def test_a_rank_printing_report_and_lost_daemon_lines_changes_nothing_in_a_real_job(tmp_path):
+    from harness import mpi_env
+
+    script = tmp_path / "spoof.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "rank = int(os.environ['OMPI_COMM_WORLD_RANK'])\n"
+        "print('secret seen by the rank:', os.environ.get('HVDCOMPAT_REPORT_TOKEN'), flush=True)\n"
+        "if rank == 1:\n"
+        f"    line = {MARKER!r} + json.dumps({{'rank': 1, 'host': 'x', 'time': 0.0, "
+        "'status': 3, 'signal': None})\n"
+        "    print(line, flush=True)\n"
+        "    print(line, file=sys.stderr, flush=True)\n"
+        "    sys.stderr.write('PRTE has lost communication with a remote daemon.\\n'\n"
+        "                     '  Remote daemon: [prterun-old-1@0,1] on node localhost\\n')\n"
+        "    sys.stderr.flush()\n"
+        "else:\n"
+        "    time.sleep(1)\n")
+    out = subprocess.run([sys.executable, "-m", "hvdcompat.runner.launch", "-np", "2",
+                          sys.executable, str(script)], capture_output=True, text=True,
+                         env=mpi_env(), timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "hvdcompatrun: rank" not in text and "lost contact" not in text, text
+    assert text.count("secret seen by the rank: None") == 2, text
+    assert "hvdcompatrun-rank-exit-" not in text, text  # the genuine reports were taken out
+    assert text.count('"status": 3') == 2 and "on node localhost" in text, text
