@@ -50,6 +50,7 @@ _NONCE_BYTES = 32
 _HANDSHAKE_FRAME_LIMIT = 64
 _ACCEPT_POLL_S = 0.2
 _TAG_BYTES = 32
+_RECV_CHUNK = 1 << 20
 _SEQUENCE = struct.Struct("!Q")
 # The direction of a frame, in its tag: a frame cannot be reflected to its sender.
 _TO_RANK, _TO_DRIVER = b"driver->rank", b"rank->driver"
@@ -162,10 +163,16 @@ class Connection:
         self._sock.close()
 
     def _recv_exact(self, n):
-        buf = bytearray(n)
+        # The buffer grows with what arrives (a length field alone, e.g. one
+        # forged on the way, cannot make this process allocate its size).
+        buf = bytearray(min(n, _RECV_CHUNK))
         view = memoryview(buf)
         got = 0
         while got < n:
+            if got == len(buf):
+                view.release()
+                buf.extend(bytes(min(n - got, len(buf))))
+                view = memoryview(buf)
             if self._deadline is not None:
                 left = self._deadline - time.monotonic()
                 if left <= 0:
