@@ -409,7 +409,9 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     relay = _exit_report.OutputRelay([(proc.stdout, sys.stdout.fileno()),
                                       (proc.stderr, sys.stderr.fileno())],
-                                     token=env.get(_supervisor.TOKEN_ENV))
+                                     # No secret (no supervisors, e.g. MPICH): one nobody
+                                     # holds, so no line passes for a report.
+                                     token=env.get(_supervisor.TOKEN_ENV) or secrets.token_hex(16))
 
     def forward(signum, _frame):
         # A terminal's Ctrl-C already went to mpirun, which shares our process
