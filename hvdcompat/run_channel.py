@@ -79,7 +79,10 @@ class Connection:
     """One socket carrying length-prefixed frames, authenticated after the handshake.
 
     Not thread-safe: one thread sends and receives on a connection; another
-    thread may only :meth:`close` it (which wakes a blocked receive).
+    thread may only :meth:`shutdown` it (which wakes a blocked receive); the
+    owning thread closes it (closing from elsewhere would free the descriptor
+    while the owner may still be reading it, and a new connection reusing the
+    number would have its bytes read by the wrong thread).
     """
 
     def __init__(self, sock):
@@ -154,12 +157,16 @@ class Connection:
             raise AuthenticationError("refusing to unpickle a frame before the handshake")
         return pickle.loads(self.recv_bytes())
 
-    def close(self):
-        """Closes the socket; a receive blocked in another thread returns an error."""
+    def shutdown(self):
+        """Ends the connection; a receive blocked in another thread returns an error."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self):
+        """Ends the connection and frees the socket (only from the thread that uses it)."""
+        self.shutdown()
         self._sock.close()
 
     def _recv_exact(self, n):
@@ -281,7 +288,7 @@ class Listener:
         with self._lock:
             live = list(self._open)
         for conn in live:
-            conn.close()
+            conn.shutdown()  # each connection's own thread then closes it
 
     def pending(self):
         """How many connections are in their handshake now."""
@@ -310,7 +317,7 @@ class Listener:
                 self._pending[conn] = time.monotonic()
                 self._open.add(conn)
             for old in evicted:
-                old.close()  # its thread's receive fails; it cleans up
+                old.shutdown()  # its thread's receive fails; it closes the socket
             try:
                 threading.Thread(target=self._serve, args=(conn,), name="hvdcompat-run-rank",
                                  daemon=True).start()
