@@ -187,6 +187,10 @@ class TCPStoreClient:
     def __repr__(self):
         return f"TCPStoreClient({self.address}, prefix={self.prefix!r})"
 
+    def __str__(self):
+        # How the engine names the store in its errors.
+        return f"TCPStore at {self.address} ({self.source})"
+
     def _key(self, key):
         if not isinstance(key, str):
             raise TypeError(f"rendezvous store: keys are str, got {type(key).__name__}")
