@@ -1,6 +1,7 @@
 """hvd.init()'s controller choice and a Gloo launch's variables (hvdcompat.rendezvous),
 and the ranks' agreement over the store before the engine starts (hvdcompat.gloo_init)."""
 
+import os
 import threading
 import time
 
@@ -195,3 +196,42 @@ def test_the_engine_spans_a_torchrun_launch_only_with_gloo_built():
     # MPI asked for under torchrun: the engine would be a one-rank MPI world.
     assert not gloo_init.engine_spans_launch(_Core(True), {**TORCHRUN,
                                                            "HOROVOD_CONTROLLER": "mpi"})[0]
+
+
+def test_without_torchruns_agent_rank_0_serves_the_store_and_torch_joins_it(monkeypatch):
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    envs = [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"} for r in (0, 1)]
+    processes = [gloo_init._GlooProcess(), gloo_init._GlooProcess()]
+    results = [None, None]
+
+    def run(i):
+        try:
+            results[i] = gloo_init.prepare(_Core(True), envs[i], processes[i])
+        except Exception as e:  # noqa: BLE001 - checked below
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    threads[0].start()
+    time.sleep(0.5)  # rank 0 binds MASTER_PORT first, as it would start its server
+    threads[1].start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(r, dict) for r in results), results
+    assert processes[0].server is not None and processes[1].server is None
+    # A later init_process_group connects as a client to rank 0's server, not binding the port.
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    torch_client = TCPStore("127.0.0.1", port, is_master=False,
+                            timeout=datetime.timedelta(seconds=5))
+    torch_client.set("from torch", b"1")
+    assert processes[0].server.get("from torch") == b"1"
