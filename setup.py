@@ -178,9 +178,10 @@ setup(
     # torch is a range, never a pin: GPU users bring their own build.
     install_requires=["torch>=1.13", "numpy", "cloudpickle"] + _mpi_requirements(),
     # cmake and pybind11: the tests build the test-only module _core_testing;
-    # sphinx and myst-parser: a test builds the documentation site (docs/).
+    # sphinx and myst-parser: a test builds the documentation site (docs/);
+    # hypothesis: the property-based collective test.
     extras_require={"test": ["pytest>=7", "mpi4py>=3.1", "cmake>=3.18", "pybind11>=2.10",
-                             "sphinx>=7", "myst-parser>=2"]},
+                             "sphinx>=7", "myst-parser>=2", "hypothesis>=6"]},
     entry_points={"console_scripts": ["hvdcompatrun = hvdcompat.runner.launch:main"]},
     zip_safe=False,
 )

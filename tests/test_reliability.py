@@ -192,3 +192,44 @@ def test_mpi4py_first_under_ulfm_ends_at_init_saying_what_to_change(tmp_path):
     # before they print.
     assert "MPI was initialised by mpi4py and this job runs with ULFM" in out, out
     assert "mpi4py.rc.finalize = False" in out and "SURVIVOR" not in out, out
+
+
+def test_timeline_goes_on_across_init_keeps_unnamed_rows_bounded_and_reports_write_errors(
+        tmp_path):
+    path = tmp_path / "timeline.json"
+    result = run_ranks(2, [PY, "tests/scripts/timeline_lifecycle.py", str(path)], timeout=120)
+    out = result.output
+    line = next(l for l in out.splitlines() if "TRACE " in l)
+    trace = json.loads(line.split("TRACE ", 1)[1])
+    rows = trace["rows"]
+    # Both runtimes' rows are in the one file, each under its own id.
+    assert "allreduce.first.grad" in rows and "allreduce.second.grad" in rows, rows
+    assert trace["row_ids"] == len(rows), rows
+    # 80 unnamed allreduces and 80 allgathers per runtime: one row per kind
+    # (and runtime), not one per call.
+    unnamed = [r for r in rows if "noname" in r]
+    assert sorted(set(unnamed)) == ["allgather.noname", "allreduce.noname"], rows
+    assert len(unnamed) == 4, rows
+    assert trace["spans"]["allreduce.noname"] >= 80 * 2, trace  # queue, negotiate, run
+    # The second runtime's events come after the first's in the trace's time.
+    assert trace["second_start"] > trace["first_end"], trace
+    # /dev/full: rank 0 says the write failed, why, and where.
+    assert "timeline: writing '/dev/full' failed (No space left on device)" in out, out
+
+
+def test_shutdown_ends_a_collective_whose_peer_was_stopped():
+    result = run_ranks(2, [PY, "tests/scripts/stopped_peer.py"], timeout=120, check=False,
+                       env={"HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS": "2",
+                            "HVDCOMPAT_MAX_CALL_BYTES": "4096"})
+    out = result.output
+    assert not result.timed_out, out
+    line = next((l for l in out.splitlines() if "ENDED " in l), None)
+    assert line, out
+    seconds, phase, message = line.split("ENDED ", 1)[1].split(" ", 2)
+    assert float(seconds) < 20, line  # the 2 s bound plus the worker's exit
+    if phase == "data":
+        assert "[aborted while waiting for allreduce" in message, line
+    assert "hvd.shutdown() on rank 0 ended a wait on rank(s) 1 after 2 s" in message, line
+    assert "HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS" in message, line
+    # At exit rank 0 skips MPI_Finalize, which would wait on the stopped rank.
+    assert "MPI_Finalize skipped" in out, out

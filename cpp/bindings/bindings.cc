@@ -15,7 +15,9 @@
 #include "bindings/runtime_lease.h"
 #include "autotune/parameter_manager.h"
 #include "engine/elastic_reset.h"
+#include "core/checked_math.h"
 #include "core/env.h"
+#include "core/logging.h"
 #include "ops/collective_layout.h"
 #include "engine/runtime.h"
 
@@ -41,6 +43,10 @@ struct Core {
   // GIL released (they wait on MPI).
   std::mutex lifecycle;
   bool mpi_owned = false;  // we called MPI_Init, so we finalize at exit (under `lifecycle`)
+  bool started_before = false;  // a runtime ran in this process (under `lifecycle`)
+  // A stopped runtime ended a wait on a stopped peer: skip MPI_Finalize
+  // (Note [Ending a stuck wait]). Under `lifecycle`.
+  bool waits_abandoned = false;
   // After an elastic reset: the survivors' communicator, which a later
   // hvd.init() without `comm` runs on instead of MPI_COMM_WORLD.
   MPI_Comm world = MPI_COMM_NULL;
@@ -70,6 +76,15 @@ BufferDesc MakeBuffer(uintptr_t data, int dtype, std::vector<int64_t> shape, int
     throw py::value_error("Buffer: unknown dtype code " + std::to_string(dtype) +
                           "; use a value of hvdcompat._core.DTYPES");
   }
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw py::value_error("Buffer: shape " + ShapeString(shape) +
+                            " has a negative dimension; pass a tensor's own shape");
+    }
+  }
+  // Throws ValueError (InvalidArgument) when the element count overflows.
+  CheckedMul(ShapeElements(shape), static_cast<int64_t>(DataTypeSize(static_cast<DataType>(dtype))),
+             "Buffer: bytes of a tensor");
   BufferDesc b;
   b.data = reinterpret_cast<void*>(data);
   b.dtype = static_cast<DataType>(dtype);
@@ -104,17 +119,38 @@ void Init(InitOptions opts) {
   }
   int provided = 0;
   if (MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
+  opts.continue_timeline = core.started_before;
   auto rt = std::make_shared<Runtime>(opts);
+  core.started_before = true;
   std::lock_guard<std::mutex> lock(core.mu);
   core.runtime = std::move(rt);
+}
+
+// Handles an *_async call returned and nobody synchronized: a leak in the
+// caller's loop (each kept its tensors until now), worth a line at shutdown.
+void ReportUnsynchronized(Runtime& rt) {
+  std::vector<std::string> names;
+  const size_t n = rt.handles().Unsynchronized(&names, 5);
+  if (n == 0) return;
+  std::string listed;
+  for (const auto& name : names) listed += (listed.empty() ? "'" : ", '") + name + "'";
+  HVD_LOG(kWarning) << "hvd.shutdown() on rank " << rt.mpi().rank() << ": " << n
+                    << " operation(s) finished but were never synchronized (" << listed
+                    << (n > names.size() ? ", ..." : "")
+                    << "); their outputs were kept until now. Call hvd.synchronize() on every "
+                       "handle an *_async call returns.";
 }
 
 void ShutdownLocked() {
   std::shared_ptr<Runtime> rt = TakeRuntime();
   if (!rt) return;
-  rt->Stop();          // pending ops and waiters fail
-  rt->CloseControl();  // a peer's racing process-set change fails too
+  rt->Stop();  // pending ops and waiters fail
+  // A peer's racing process-set change fails too; not after a wait on a
+  // stopped peer was ended: the closing round would wait on it as well.
+  if (!rt->waits_abandoned()) rt->CloseControl();
   WaitForLeases(rt);   // calls still inside it return (with its shutdown error)
+  ReportUnsynchronized(*rt);
+  if (rt->waits_abandoned()) TheCore().waits_abandoned = true;
   rt.reset();
 }
 
@@ -135,7 +171,16 @@ std::vector<int> ElasticReset() {
     old = core.runtime;
   }
   // Another thread's call meanwhile meets the stopped old runtime and fails.
-  ResetResult r = RebuildFromSurvivors(old);
+  ResetResult r;
+  try {
+    r = RebuildFromSurvivors(old);
+  } catch (...) {
+    // The old runtime is stopped whatever failed: left installed, it would
+    // make the next hvd.init() a no-op and every op say "shut down".
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (core.runtime == old) core.runtime.reset();
+    throw;
+  }
   {
     std::lock_guard<std::mutex> lock(core.mu);
     core.runtime = std::move(r.runtime);
@@ -155,7 +200,14 @@ void Finalize() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  // Note [No MPI_Finalize under ULFM] (engine/elastic_reset.h).
+  // Note [No MPI_Finalize under ULFM] (engine/elastic_reset.h); Note [Ending
+  // a stuck wait] (transport/request_wait.h): finalize would wait on the peer.
+  if (core.waits_abandoned) {
+    HVD_LOG(kWarning) << "exit: MPI_Finalize skipped, since a collective was abandoned on a "
+                         "stopped peer (the earlier error says which); the launcher may report "
+                         "that this process ended without finalizing.";
+    return;
+  }
   if (core.mpi_owned && initialized && !finalized && !FaultToleranceEnabled()) MPI_Finalize();
 }
 

@@ -1,5 +1,7 @@
 #include "core/common.h"
 
+#include "core/checked_math.h"
+
 namespace hvdcompat {
 
 size_t DataTypeSize(DataType dtype) {
@@ -69,17 +71,13 @@ const char* OpTypeName(OpType op) {
 }
 
 int64_t ShapeElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return CheckedProduct(shape, 0, "elements of a tensor shape");
 }
 
 int64_t BufferDesc::NumElements() const { return ShapeElements(shape); }
 
 int64_t BufferDesc::RowElements() const {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
+  return CheckedProduct(shape, 1, "elements of a tensor row");
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

@@ -24,6 +24,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Warn when a tensor has been submitted by some ranks but not others for this long."},
       {Knob::kStallShutdownTimeSeconds, "STALL_SHUTDOWN_TIME_SECONDS", true, "0", "s",
        "Fail stalled operations with an error after this long (0 never)."},
+      {Knob::kShutdownTimeoutSeconds, "SHUTDOWN_TIMEOUT_SECONDS", false, "30", "s",
+       "hvd.shutdown() (and exit) ends a collective still waiting on a stopped peer after this "
+       "long, with an error, and skips MPI_Finalize (0: wait forever)."},
       {Knob::kStallCheckDisable, "STALL_CHECK_DISABLE", true, "0", "bool",
        "Disable the stall inspector."},
       {Knob::kTimeline, "TIMELINE", true, "", "path",
@@ -199,6 +202,7 @@ Config Config::FromEnvironment() {
   c.stall_check_seconds =
       KnobBool(Knob::kStallCheckDisable) ? 0.0 : KnobDouble(Knob::kStallCheckTimeSeconds);
   c.stall_shutdown_seconds = KnobDouble(Knob::kStallShutdownTimeSeconds);
+  c.shutdown_timeout_seconds = KnobDouble(Knob::kShutdownTimeoutSeconds);
   c.timeline_path = KnobString(Knob::kTimeline);
   c.timeline_mark_cycles = KnobBool(Knob::kTimelineMarkCycles);
   c.fusion_chunk_bytes = KnobInt(Knob::kFusionChunkBytes);

@@ -16,6 +16,7 @@ enum class Knob : int {
   kCacheCapacity,
   kStallCheckTimeSeconds,
   kStallShutdownTimeSeconds,
+  kShutdownTimeoutSeconds,
   kStallCheckDisable,
   kTimeline,
   kTimelineMarkCycles,
@@ -90,6 +91,7 @@ struct Config {
   int64_t cache_capacity;          // 0 disables the response cache
   double stall_check_seconds;      // <= 0 or disabled: no stall warnings
   double stall_shutdown_seconds;   // 0: never fail stalled ops
+  double shutdown_timeout_seconds; // shutdown ends a wait on a stopped peer after this; 0: never
   std::string timeline_path;       // empty: no timeline; "DYNAMIC": start later
   bool timeline_mark_cycles;
   int64_t fusion_chunk_bytes;      // pipeline chunk of pack/reduce/unpack

@@ -2,18 +2,20 @@
 
 #include <cstring>
 
+#include "core/checked_math.h"
+
 namespace hvdcompat {
 
 int64_t Request::TotalBytes() const {
   int64_t n = 0;
-  for (const auto& s : shapes) n += ShapeElements(s);
-  return n * static_cast<int64_t>(DataTypeSize(dtype));
+  for (const auto& s : shapes) n = CheckedAdd(n, ShapeElements(s), "elements of a request");
+  return CheckedMul(n, static_cast<int64_t>(DataTypeSize(dtype)), "bytes of a request");
 }
 
 int64_t Response::TotalElements() const {
   int64_t n = 0;
   for (const auto& u : units) {
-    for (const auto& s : u.shapes) n += ShapeElements(s);
+    for (const auto& s : u.shapes) n = CheckedAdd(n, ShapeElements(s), "elements of a response");
   }
   return n;
 }

@@ -64,28 +64,14 @@ bool FaultToleranceEnabled() {
 #endif
 }
 
-ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old) {
-  const MPI_Comm old_world = old->mpi().comm();
-  const int old_rank = old->mpi().rank();
-  const int old_size = old->mpi().size();
-  InitOptions opts;
-  opts.dynamic_process_sets = old->dynamic_process_sets();
-  std::vector<std::pair<int, std::vector<int>>> old_sets;
-  for (int id : old->ProcessSetIds()) {
-    if (id == 0) continue;
-    if (auto info = old->GetProcessSet(id)) old_sets.emplace_back(id, info->ranks);
-  }
-  // Step 1. Device communicators first: ncclCommDestroy (and draining work
-  // queued on them) may wait forever on a dead peer, ncclCommAbort does not;
-  // the new runtime makes new ones, with a new unique id, at its first GPU
-  // collective.
-  old->Abandon("the job is being rebuilt from the surviving ranks (elastic reset)");
-  old->Stop();
+namespace {
 
-  ResetResult result;
-  // Without ULFM enabled no rank can be lost without the launcher ending the
-  // job, so the shrink keeps every rank (it is then a dup).
-  result.world = Shrink(old_world);  // step 2
+// Steps 2 (the survivors' ranks) and 3 of Note [Elastic reset] on the shrunk
+// `out->world`: the sets' surviving members, then the new runtime.
+void BuildOnSurvivors(MPI_Comm old_world, const std::vector<std::pair<int, std::vector<int>>>& old_sets,
+                      InitOptions* options, ResetResult* out) {
+  InitOptions& opts = *options;
+  ResetResult& result = *out;
   result.survivors = OldRanks(old_world, result.world);
   std::map<int, int> new_rank;  // old world rank -> new world rank
   for (size_t i = 0; i < result.survivors.size(); ++i) {
@@ -113,6 +99,40 @@ ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old) {
   }
   opts.comm = result.world;
   result.runtime = std::make_shared<Runtime>(opts);  // step 3
+}
+
+}  // namespace
+
+ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old) {
+  const MPI_Comm old_world = old->mpi().comm();
+  const int old_rank = old->mpi().rank();
+  const int old_size = old->mpi().size();
+  InitOptions opts;
+  opts.dynamic_process_sets = old->dynamic_process_sets();
+  opts.continue_timeline = true;
+  std::vector<std::pair<int, std::vector<int>>> old_sets;
+  for (int id : old->ProcessSetIds()) {
+    if (id == 0) continue;
+    if (auto info = old->GetProcessSet(id)) old_sets.emplace_back(id, info->ranks);
+  }
+  // Step 1. Device communicators first: ncclCommDestroy (and draining work
+  // queued on them) may wait forever on a dead peer, ncclCommAbort does not;
+  // the new runtime makes new ones, with a new unique id, at its first GPU
+  // collective.
+  old->Abandon("the job is being rebuilt from the surviving ranks (elastic reset)");
+  old->Stop();
+
+  ResetResult result;
+  // Without ULFM enabled no rank can be lost without the launcher ending the
+  // job, so the shrink keeps every rank (it is then a dup).
+  result.world = Shrink(old_world);  // step 2
+  try {
+    BuildOnSurvivors(old_world, old_sets, &opts, &result);
+  } catch (...) {
+    // Nothing uses the survivors' communicator yet: free it with the failure.
+    MPI_Comm_free(&result.world);
+    throw;
+  }
   HVD_LOG(kInfo) << "elastic reset: old rank " << old_rank << " of " << old_size << " is rank "
                  << result.runtime->mpi().rank() << " of " << result.runtime->mpi().size();
   return result;

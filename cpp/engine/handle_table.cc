@@ -2,7 +2,10 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+
+#include "core/logging.h"
 
 namespace hvdcompat {
 
@@ -41,12 +44,39 @@ void HandleTable::Complete(int handle, HandleResult result) {
   auto s = Find(handle);
   if (!s) return;
   s->result = std::move(result);
+  size_t warn = 0;
   {
     // Publish under the lock so a waiter cannot miss the notification.
     std::lock_guard<std::mutex> lock(mu_);
     s->done.store(true, std::memory_order_release);
+    if (!s->waited && ++unsynchronized_ >= warn_at_) {
+      warn = unsynchronized_;
+      warn_at_ *= 2;
+    }
   }
   cv_.notify_all();
+  if (warn) {
+    std::vector<std::string> names;
+    Unsynchronized(&names, 3);
+    std::string listed;
+    for (const auto& n : names) listed += (listed.empty() ? "'" : ", '") + n + "'";
+    HVD_LOG(kWarning) << warn << " finished operations have never been synchronized (for example "
+                      << listed << "); each keeps its output until hvd.shutdown(). Call "
+                      << "hvd.synchronize() on every handle an *_async call returns.";
+  }
+}
+
+size_t HandleTable::Unsynchronized(std::vector<std::string>* names, size_t max_names) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (names) {
+    std::vector<std::pair<int, std::string>> found;  // (handle, name): handles grow with age
+    for (const auto& [h, s] : states_) {
+      if (!s->waited && s->done.load(std::memory_order_acquire)) found.emplace_back(h, s->name.second);
+    }
+    std::sort(found.begin(), found.end());
+    for (size_t i = 0; i < found.size() && i < max_names; ++i) names->push_back(found[i].second);
+  }
+  return unsynchronized_;
 }
 
 bool HandleTable::Poll(int handle) {
@@ -79,6 +109,14 @@ HandleResult HandleTable::Wait(int handle) {
   HandleResult result;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    if (s->waited) {
+      throw InvalidArgument("synchronize: handle " + std::to_string(handle) + " ('" +
+                            s->name.second + "') is already being synchronized by another "
+                            "thread; its result goes to that thread. Synchronize each handle "
+                            "once, from one thread.");
+    }
+    s->waited = true;
+    if (s->done.load(std::memory_order_acquire)) --unsynchronized_;
     cv_.wait(lock, [&] { return s->done.load(std::memory_order_acquire); });
     states_.erase(handle);
     ReleaseNameLocked(handle, *s);
@@ -93,6 +131,7 @@ void HandleTable::Discard(int handle) {
   auto it = states_.find(handle);
   if (it == states_.end()) return;
   ReleaseNameLocked(handle, *it->second);
+  if (!it->second->waited && it->second->done.load(std::memory_order_acquire)) --unsynchronized_;
   states_.erase(it);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/tensor_entry.h"
 
@@ -39,15 +40,27 @@ class HandleTable {
   // Never blocks. True frees the handle's name.
   bool Poll(int handle);
   // Blocks until done, then removes the handle and returns its result. The
-  // caller must not hold the GIL. Throws InvalidArgument for unknown handles.
+  // caller must not hold the GIL. Throws InvalidArgument for unknown handles
+  // and for a handle another thread is already waiting on (one waiter per
+  // handle: the result is moved out once).
   HandleResult Wait(int handle);
   // Forgets a handle (and frees its name) whose op was never enqueued.
   void Discard(int handle);
+
+  // Handles whose op finished but that nobody has waited on: they keep
+  // their results (outputs) until the runtime goes. `names` gets up to
+  // `max_names` of them, oldest first.
+  size_t Unsynchronized(std::vector<std::string>* names, size_t max_names) const;
+
+  // Complete logs a warning each time the unsynchronized count reaches this,
+  // then twice as many, and so on.
+  static constexpr size_t kUnsynchronizedWarning = 10000;
 
  private:
   using NameKey = std::pair<int, std::string>;  // (process set, full name)
   struct State {
     std::atomic<bool> done{false};
+    bool waited = false;  // under mu_: a thread is in (or past) Wait
     HandleResult result;
     NameKey name;
   };
@@ -61,6 +74,9 @@ class HandleTable {
   std::unordered_map<int, std::shared_ptr<State>> states_;
   std::map<NameKey, int> names_;  // name -> the handle holding it
   int next_ = 0;
+  // Under mu_: done handles not yet waited on, and the count that warns next.
+  size_t unsynchronized_ = 0;
+  size_t warn_at_ = kUnsynchronizedWarning;
 };
 
 }  // namespace hvdcompat

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 
 #include "negotiation/fusion.h"
@@ -38,6 +39,15 @@ TunedParams TunedFromConfig(const Config& c) {
   p.max_call_bytes = c.max_call_bytes;
   p.hierarchical_allreduce = c.hierarchical_allreduce;
   return p;
+}
+
+// The timeline row of an op: its name, or one row per kind for unnamed ops,
+// whose names ("allreduce.noname.<k>") are new on every call (Note [Timeline
+// continues across runtimes], engine/timeline.h).
+std::string TimelineRow(const std::string& name, bool auto_named) {
+  if (!auto_named) return name;
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
 }
 
 std::string Upper(const char* s) {
@@ -99,7 +109,10 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
   rank_ = transport_.rank();
   AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
   backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_, stats_));
-  for (auto& b : backends_) b->set_activity(&timeline_sink_);
+  for (auto& b : backends_) {
+    b->set_activity(&timeline_sink_);
+    b->SetAbortFlag(&shutdown_abort_);
+  }
   if (id_ == 0) {
     TunedParams start = TunedFromConfig(config_);
     start.active = config_.autotune;
@@ -123,6 +136,11 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
                   << config_.worker_core << " (HOROVOD_THREAD_AFFINITY); it runs unpinned";
     }
     Loop();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      loop_exited_ = true;
+    }
+    loop_exited_cv_.notify_all();
   });
 }
 
@@ -130,9 +148,12 @@ ProcessSetWorker::~ProcessSetWorker() {
   Shutdown();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  // An abandoned negotiation may still progress on comm_ (Note [Abandoned
-  // requests]): freeing it would pull it from under MPI. Leave it allocated.
-  if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned()) MPI_Comm_free(&comm_);
+  // An abandoned negotiation or data collective may still progress on comm_
+  // (Note [Abandoned requests]): freeing it would pull it from under MPI.
+  // Leave it allocated.
+  if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned() && !aborted()) {
+    MPI_Comm_free(&comm_);
+  }
 }
 
 void ProcessSetWorker::Abandon(const std::string& why) {
@@ -163,7 +184,30 @@ void ProcessSetWorker::Shutdown() {
   }
   pending_hint_.store(true, std::memory_order_release);
   cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // Note [Ending a stuck wait]: the last cycle or a data collective may wait
+  // on a peer that stopped; past the bound, the abort flag ends the wait.
+  if (config_.shutdown_timeout_seconds > 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto bound = std::chrono::duration<double>(config_.shutdown_timeout_seconds);
+    if (!loop_exited_cv_.wait_for(lock, bound, [&] { return loop_exited_; })) {
+      std::vector<int> peers;
+      for (int r : global_ranks_) {
+        if (r != global_ranks_[rank_]) peers.push_back(r);
+      }
+      std::ostringstream os;
+      os << "hvd.shutdown() on rank " << global_ranks_[rank_] << " ended a wait on rank(s) "
+         << JoinInts(peers) << (id_ ? " of process set " + std::to_string(id_) : std::string())
+         << " after " << config_.shutdown_timeout_seconds
+         << " s (HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS): a peer stopped taking part in a collective "
+            "it had agreed to (stopped by a signal, hung on its device, or held in a debugger). "
+            "This process will skip MPI_Finalize at exit; look at that peer.";
+      shutdown_failure_ = os.str();
+      shutdown_abort_.store(true);
+      abort_.store(true);
+    }
+  }
+  thread_.join();
 }
 
 void ProcessSetWorker::Complete(std::unique_ptr<TensorEntry> entry, Status status) {
@@ -232,6 +276,10 @@ void ProcessSetWorker::InspectStalls(Clock::time_point now) {
 std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
   std::ostringstream os;
   if (!stall_failure_.empty()) return stall_failure_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!shutdown_failure_.empty()) return shutdown_failure_ + " [" + e.what() + "]";
+  }
   const auto* ce = dynamic_cast<const CommunicationError*>(&e);
   if (ce && !ce->failed_ranks().empty()) {
     std::vector<int> lost;
@@ -269,7 +317,8 @@ void ProcessSetWorker::RecordNegotiated(const std::vector<Response>& responses,
     for (const auto& u : r.units) {
       auto it = entries_.find(u.name);
       if (it == entries_.end()) continue;
-      timeline_->Span(id_, u.name, phase.c_str(), it->second->submitted, now,
+      timeline_->Span(id_, TimelineRow(u.name, it->second->request.auto_named), phase.c_str(),
+                      it->second->submitted, now,
                       r.is_error() ? "\"error\": true" : std::string());
     }
   }
@@ -358,7 +407,10 @@ void ProcessSetWorker::Admit(std::deque<std::unique_ptr<TensorEntry>>& fresh,
                              Clock::time_point now) {
   for (auto& e : fresh) {
     e->submitted = now;
-    if (timeline_->active()) timeline_->Span(id_, e->request.name, "QUEUE", e->enqueued, now);
+    if (timeline_->active()) {
+      timeline_->Span(id_, TimelineRow(e->request.name, e->request.auto_named), "QUEUE",
+                      e->enqueued, now);
+    }
     controller_.Submit(e->request, now);
     std::string name = e->request.name;
     entries_[name] = std::move(e);
@@ -465,7 +517,10 @@ void ProcessSetWorker::Execute(std::vector<Response> responses) {
       std::string args = "\"tensors\": " + std::to_string(tensors) +
                          ", \"bytes\": " + std::to_string(r.TotalBytes()) + ", \"backend\": \"" +
                          backend->name() + "\"";
-      for (const auto& u : r.units) timeline_->Span(id_, u.name, phase.c_str(), start, end, args);
+      for (const auto& u : units) {
+        const bool unnamed = u.entry ? u.entry->request.auto_named : r.auto_named;
+        timeline_->Span(id_, TimelineRow(u.unit->name, unnamed), phase.c_str(), start, end, args);
+      }
     }
     stats_->collectives.fetch_add(1, std::memory_order_relaxed);
     stats_->tensors.fetch_add(tensors, std::memory_order_relaxed);

@@ -58,8 +58,14 @@ class ProcessSetWorker {
   void Enqueue(std::unique_ptr<TensorEntry> entry);
 
   // Tells the other ranks of the set (one last negotiation cycle), fails
-  // whatever is still pending, and joins the thread. Idempotent.
+  // whatever is still pending, and joins the thread. Idempotent. A wait on a
+  // peer that never comes is ended after HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS
+  // (Note [Ending a stuck wait], transport/request_wait.h).
   void Shutdown();
+
+  // Whether a wait was ended by the abort flag: a call may still be posted
+  // in MPI, so its communicator stays allocated and MPI_Finalize must not run.
+  bool aborted() const { return shutdown_abort_.load(); }
 
   // Backend::Abandon on every backend (an elastic reset; any thread).
   void Abandon(const std::string& why);
@@ -113,7 +119,8 @@ class ProcessSetWorker {
   TimelineSink timeline_sink_;
   int rank_ = 0;
 
-  std::atomic<bool> abort_{false};
+  std::atomic<bool> abort_{false};  // ends the negotiation's waits (stall or shutdown bound)
+  std::atomic<bool> shutdown_abort_{false};  // ends the data waits too (the shutdown bound only)
   std::atomic<bool> pending_hint_{false};  // set with incoming_/shutdown, read without the lock
   Poller poller_;
   MpiTransport transport_;
@@ -122,12 +129,16 @@ class ProcessSetWorker {
   std::vector<std::unique_ptr<CollectiveBackend>> backends_;
 
   // Guarded by mu_.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<TensorEntry>> incoming_;
   bool shutdown_requested_ = false;
   bool stopped_ = false;
   Status stop_status_;
+  std::condition_variable loop_exited_cv_;
+  bool loop_exited_ = false;
+  // Set by Shutdown before abort_ when its bound passed (Note [Ending a stuck wait]).
+  std::string shutdown_failure_;
 
   // Worker thread only.
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/checked_math.h"
 #include "core/logging.h"
 
 namespace hvdcompat {
@@ -53,7 +54,8 @@ Runtime::Runtime(const InitOptions& options)
   config_.worker_core =
       WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
   if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
-    timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles);
+    timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles,
+                    options.continue_timeline);
   }
   gpu_ = std::make_unique<GpuContext>(config_, mpi_->local_rank());
   {
@@ -72,6 +74,12 @@ Runtime::Runtime(const InitOptions& options)
 
 Runtime::~Runtime() {
   Stop();
+  // A call abandoned on a stopped peer may still use the job's communicators
+  // (Note [Ending a stuck wait]): leave them allocated.
+  if (waits_abandoned_) {
+    mpi_.release();  // NOLINT(bugprone-unused-return-value): deliberately never freed
+    return;
+  }
   mpi_.reset();
 }
 
@@ -83,7 +91,10 @@ void Runtime::Stop() {
     workers.swap(workers_);
   }
   // Sub-sets first, the global set last: its shutdown cycle tells everyone.
-  for (auto it = workers.rbegin(); it != workers.rend(); ++it) it->second->Shutdown();
+  for (auto it = workers.rbegin(); it != workers.rend(); ++it) {
+    it->second->Shutdown();
+    if (it->second->aborted()) waits_abandoned_ = true;
+  }
   workers.clear();
   // After a racing StartTimeline: stopped_ is set, so none starts after this.
   std::lock_guard<std::mutex> timeline(timeline_mu_);
@@ -240,22 +251,29 @@ void Runtime::ResolveSplits(const ProcessSetWorker& worker, EnqueueArgs* args) c
   HVD_ENFORCE(args->splits.size() == 1, "alltoall with " << args->splits.size() << " split lists");
   const std::vector<int64_t>& splits = args->splits[0];
   std::string listed = "[";
-  int64_t sum = 0;
-  bool negative = false;
-  for (size_t i = 0; i < splits.size(); ++i) {
+  for (size_t i = 0; i < splits.size() && i < 16; ++i) {
     listed += (i ? ", " : "") + std::to_string(splits[i]);
-    sum += splits[i];
-    negative = negative || splits[i] < 0;
   }
-  listed += "]";
+  listed += splits.size() > 16 ? ", ...]" : "]";
   if (static_cast<int64_t>(splits.size()) != n) {
     throw InvalidArgument(subject + ": Number of entries in splits (" +
                           std::to_string(splits.size()) + ") does not equal number of workers (" +
                           workers + "). Pass one entry per rank of the set.");
   }
-  if (negative) {
-    throw InvalidArgument(subject + ": splits must be non-negative, got " + listed + ".");
+  // Each entry is checked against the rows before any is added: a sum of
+  // huge entries could wrap around to a value that passes the sum check.
+  for (int64_t v : splits) {
+    if (v < 0) {
+      throw InvalidArgument(subject + ": splits must be non-negative, got " + listed + ".");
+    }
+    if (v > rows) {
+      throw InvalidArgument(subject + ": splits entry " + std::to_string(v) +
+                            " is greater than the first dimension of tensor (" +
+                            std::to_string(rows) + "). splits " + listed +
+                            " counts the rows sent to each rank.");
+    }
   }
+  const int64_t sum = CheckedSum(splits, (subject + ": sum of splits " + listed).c_str());
   if (sum > rows) {
     throw InvalidArgument(subject + ": Sum of splits entries (" + std::to_string(sum) +
                           ") is greater than the first dimension of tensor (" +

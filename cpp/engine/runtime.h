@@ -17,6 +17,7 @@
 // closing round stands in). A removal takes effect only after the round.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -47,6 +48,9 @@ struct InitOptions {
   std::vector<RequestedSet> requested_sets;
   std::string refused;  // not empty: this rank refused its process_sets argument, and why
   bool dynamic_process_sets = false;
+  // A re-init or elastic reset of the same job: HOROVOD_TIMELINE's trace is
+  // continued, not truncated (Note [Timeline continues across runtimes]).
+  bool continue_timeline = false;
 };
 
 // What the caller asks for; the Python layer fills it from torch tensors.
@@ -80,6 +84,9 @@ class Runtime {
   // Shuts every process set down (pending ops fail, waiters wake up).
   // Idempotent; the object stays valid for threads still holding it.
   void Stop();
+  // After Stop: a worker ended a wait on a stopped peer (Note [Ending a stuck
+  // wait]); MPI still holds that call, so MPI_Finalize must not run.
+  bool waits_abandoned() const { return waits_abandoned_.load(); }
   // Before a Stop for an elastic reset: aborts what waits on peers that may
   // be dead (NCCL communicators), in every process set. Any thread.
   void Abandon(const std::string& why);
@@ -173,6 +180,7 @@ class Runtime {
   bool control_closed_ = false;  // guarded by control_mu_
   mutable std::mutex sets_mu_;
   bool stopped_ = false;  // guarded by sets_mu_
+  std::atomic<bool> waits_abandoned_{false};
   std::map<int, std::vector<int>> set_ranks_;                     // every registered set
   std::map<int, std::shared_ptr<ProcessSetWorker>> workers_;      // sets this rank is in
   std::deque<int> free_ids_;

@@ -8,6 +8,20 @@
 // array after every batch: it can be read while the job runs, and it is
 // valid after an abrupt end (at most the last 100 ms are missing).
 //
+// Note [Timeline continues across runtimes]: hvd.shutdown() then hvd.init(),
+// or an elastic reset, builds a new runtime, which starts the timeline
+// again. Truncating the file then would lose everything before it. Instead
+// the new timeline reads the old trace once (its largest row id and the end
+// of its last event), drops the closing "\n]" and appends: row ids continue
+// after the old ones and the clock after the old events, so the whole job is
+// one valid trace. A write that fails (disk full, file system gone) is
+// reported once, with the path and the system's reason, and the timeline
+// stops writing; the job itself goes on.
+//
+// Rows: one per tensor name. Unnamed ops ("allreduce.noname.<k>", new on
+// every call) share one row per op kind ("allreduce.noname"), so their count
+// stays bounded (the worker names the row, see ProcessSetWorker).
+//
 // Thread-safe: any worker may record; Start/Stop come from API threads and
 // may race (hvd.shutdown() stops the timeline while another thread starts or
 // stops it): they are serialised by lifecycle_mu_, so the writer thread is
@@ -36,8 +50,12 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Opens (truncates) `path`; throws InvalidArgument when it cannot.
-  void Start(const std::string& path, bool mark_cycles);
+  // Opens `path`; throws InvalidArgument when it cannot be written. With
+  // `continue_trace` (a re-init or an elastic reset of the same job) a trace
+  // already there is continued: its events stay, the new rows get new ids
+  // and the new events follow the last old one in time (Note [Timeline
+  // continues across runtimes]). Otherwise the file is truncated.
+  void Start(const std::string& path, bool mark_cycles, bool continue_trace = false);
   // Flushes and closes; idempotent.
   void Stop();
   bool active() const { return active_.load(std::memory_order_relaxed); }
@@ -69,6 +87,9 @@ class Timeline {
   std::unordered_set<int> pids_;
   bool stopping_ = false;
   std::FILE* file_ = nullptr;
+  std::string path_;        // for the message of a failed write
+  bool write_failed_ = false;  // writer thread only: reported once, then nothing is written
+  int tid_base_ = 0;        // row ids of a continued trace start after its old ones
   bool first_event_ = true;
   Clock::time_point origin_;
   std::thread writer_;  // guarded by lifecycle_mu_

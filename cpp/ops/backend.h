@@ -3,6 +3,8 @@
 // runs it (MPI for host buffers; NCCL for CUDA buffers when loaded).
 #pragma once
 
+#include <atomic>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -53,6 +55,11 @@ class CollectiveBackend {
   // is aborted now rather than destroyed later. Any thread, any time, once;
   // collectives that meet the aborted state fail.
   virtual void Abandon(const std::string& why) {}
+  // The worker's abort flag (Note [Ending a stuck wait], request_wait.h):
+  // once it is set, a wait of this backend still in progress ends with
+  // CommunicationError. Called once, on the worker thread, before any
+  // collective; a backend that wraps another passes it on.
+  virtual void SetAbortFlag(const std::atomic<bool>* abort) {}
 
  protected:
   bool recording() const { return activity_ && activity_->enabled(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.h"
 #include "core/common.h"
 
 namespace hvdcompat {
@@ -33,13 +34,13 @@ GatherLayout PlanAllgather(const std::vector<int64_t>& rows, const std::vector<i
   for (int rk = 0; rk < size; ++rk) {
     for (size_t i = 0; i < g.tensors; ++i) {
       const size_t k = rk * g.tensors + i;
-      g.counts[k] = rows[k] * row_sizes[i];
-      g.rank_counts[rk] += g.counts[k];
-      g.out_rows[i] += rows[k];
+      g.counts[k] = CheckedMul(rows[k], row_sizes[i], "allgather: elements of a rank's part");
+      g.rank_counts[rk] = CheckedAdd(g.rank_counts[rk], g.counts[k], "allgather: a rank's block");
+      g.out_rows[i] = CheckedAdd(g.out_rows[i], rows[k], "allgather: rows gathered");
       if (rows[k] != rows[i]) g.uniform = false;
     }
     g.rank_displs[rk] = g.total;
-    g.total += g.rank_counts[rk];
+    g.total = CheckedAdd(g.total, g.rank_counts[rk], "allgather: elements gathered");
   }
   g.largest = size > 0 ? *std::max_element(g.rank_counts.begin(), g.rank_counts.end()) : 0;
   g.even = size > 0 && AllEqual(g.rank_counts);
@@ -60,16 +61,37 @@ ScatterLayout PlanReducescatter(const std::vector<int64_t>& rows,
     for (size_t i = 0; i < s.tensors; ++i) {
       const size_t k = rk * s.tensors + i;
       const int64_t part = ReducescatterRows(rows[i], size, rk);
-      s.offsets[k] = next_row[i] * row_sizes[i];
-      s.counts[k] = part * row_sizes[i];
+      s.offsets[k] = CheckedMul(next_row[i], row_sizes[i], "reducescatter: offset of a part");
+      s.counts[k] = CheckedMul(part, row_sizes[i], "reducescatter: elements of a part");
       next_row[i] += part;
-      s.rank_counts[rk] += s.counts[k];
+      s.rank_counts[rk] = CheckedAdd(s.rank_counts[rk], s.counts[k], "reducescatter: a block");
     }
-    s.total += s.rank_counts[rk];
+    s.total = CheckedAdd(s.total, s.rank_counts[rk], "reducescatter: elements scattered");
   }
   s.largest = size > 0 ? *std::max_element(s.rank_counts.begin(), s.rank_counts.end()) : 0;
   s.even = size > 0 && AllEqual(s.rank_counts);
   return s;
+}
+
+AlltoallCounts PlanAlltoall(const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows, int64_t row) {
+  HVD_ENFORCE_EQ(send_rows.size(), recv_rows.size(), "alltoall layout: one entry per rank");
+  const size_t n = send_rows.size();
+  AlltoallCounts c;
+  c.send_counts.resize(n);
+  c.send_displs.resize(n);
+  c.recv_counts.resize(n);
+  c.recv_displs.resize(n);
+  int64_t s_at = 0, r_at = 0;
+  for (size_t rk = 0; rk < n; ++rk) {
+    c.send_counts[rk] = CheckedMul(send_rows[rk], row, "alltoall: elements sent to a rank");
+    c.recv_counts[rk] = CheckedMul(recv_rows[rk], row, "alltoall: elements received from a rank");
+    c.send_displs[rk] = s_at;
+    c.recv_displs[rk] = r_at;
+    s_at = CheckedAdd(s_at, c.send_counts[rk], "alltoall: elements sent");
+    r_at = CheckedAdd(r_at, c.recv_counts[rk], "alltoall: elements received");
+  }
+  return c;
 }
 
 }  // namespace hvdcompat

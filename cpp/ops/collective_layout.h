@@ -1,4 +1,4 @@
-// Where each rank's part of an allgather or reducescatter payload sits: the
+// Where each rank's part of an allgather, alltoall or reducescatter payload sits: the
 // one layout rule every backend follows (the MPI and NCCL backends plan with
 // it; the staged GPU backend runs the MPI backend's code on host copies).
 //
@@ -6,6 +6,9 @@
 // response order, back to back), then rank 1's, and so on. Sizes are in the
 // caller's unit: rows are multiplied by `row_sizes`, which may be elements
 // (one tensor, one typed call) or bytes (fused tensors, one byte call).
+//
+// Every size is computed with overflow checks (core/checked_math.h): the
+// plans throw InvalidArgument rather than return a wrapped count.
 //
 // Thread: pure functions, callable from any thread.
 #pragma once
@@ -54,6 +57,16 @@ struct ScatterLayout {
 
 ScatterLayout PlanReducescatter(const std::vector<int64_t>& rows,
                                 const std::vector<int64_t>& row_sizes, int size);
+
+// Alltoall: rank rk is sent send_rows[rk] rows and sends back recv_rows[rk],
+// each row `row` units long; blocks sit back to back in rank order.
+struct AlltoallCounts {
+  std::vector<int64_t> send_counts, send_displs;
+  std::vector<int64_t> recv_counts, recv_displs;
+};
+
+AlltoallCounts PlanAlltoall(const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows, int64_t row);
 
 // Rows of dim 0 that set rank `rank` receives when `rows` are scattered over
 // `size` ranks: the first rows % size ranks get one extra row.

@@ -20,6 +20,7 @@ class StagedGpuBackend : public CollectiveBackend {
  public:
   // `host` runs the collective on host copies (owned here).
   StagedGpuBackend(std::unique_ptr<CollectiveBackend> host, GpuContext* gpu);
+  void SetAbortFlag(const std::atomic<bool>* abort) override { host_->SetAbortFlag(abort); }
   ~StagedGpuBackend() override;
 
   const char* name() const override { return "MPI (staged through host memory)"; }

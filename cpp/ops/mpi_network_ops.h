@@ -67,6 +67,8 @@ struct NetworkPiece {
 
 class NetworkAllreduce {
  public:
+  // Where WaitRequest looks for the worker's abort flag (MpiBackend::SetAbortFlag).
+  void SetAbortFlag(const std::atomic<bool>* abort) { wait_.abort = abort; }
   // Decides the plan for `comm` (collective over it unless the plan is
   // forced to host). Returns null when the host plan applies.
   static std::unique_ptr<NetworkAllreduce> Create(MPI_Comm comm, const MpiOps* ops,

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 
+#include "core/checked_math.h"
 #include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
@@ -57,6 +58,11 @@ MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
   }
   PreferRingNonblockingAllreduce();
   network_ = NetworkAllreduce::Create(comm_, ops_, config, stats_);
+}
+
+void MpiBackend::SetAbortFlag(const std::atomic<bool>* abort) {
+  wait_.abort = abort;
+  if (network_) network_->SetAbortFlag(abort);
 }
 
 void MpiBackend::Wait(MPI_Request* request, const char* what) {
@@ -382,21 +388,17 @@ void MpiBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
     const int64_t row = in.RowElements();
     const std::vector<int64_t>& send_rows = e->splits[0];
     const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows, wait_);
-    int64_t total_rows = 0;
-    for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
-    shape[0] = total_rows;
+    shape[0] = CheckedSum(recv_rows, "alltoall: rows received");
+    const AlltoallCounts c = PlanAlltoall(send_rows, recv_rows, row);
     e->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
     void* out = e->result.outputs.back().data();
     std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-    int64_t s_at = 0, r_at = 0;
     for (int rk = 0; rk < size_; ++rk) {
-      sc[rk] = ToInt(send_rows[rk] * row, "alltoall send count");
-      sd[rk] = ToInt(s_at, "alltoall send offset");
-      rc[rk] = ToInt(recv_rows[rk] * row, "alltoall receive count");
-      rd[rk] = ToInt(r_at, "alltoall receive offset");
-      s_at += send_rows[rk] * row;
-      r_at += recv_rows[rk] * row;
+      sc[rk] = ToInt(c.send_counts[rk], "alltoall send count");
+      sd[rk] = ToInt(c.send_displs[rk], "alltoall send offset");
+      rc[rk] = ToInt(c.recv_counts[rk], "alltoall receive count");
+      rd[rk] = ToInt(c.recv_displs[rk], "alltoall receive offset");
     }
     MPI_Datatype type = ops_->Type(r.dtype);
     MPI_Request req;

@@ -50,6 +50,7 @@ class MpiBackend : public CollectiveBackend {
   void Execute(const Response& response, std::vector<ExecUnit>& units) override;
   // Chunk size and call split (the fusion threshold is the worker's).
   void ApplyTuning(const TunedParams& params) override;
+  void SetAbortFlag(const std::atomic<bool>* abort) override;
 
  private:
   struct Piece {

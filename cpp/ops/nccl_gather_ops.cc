@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "core/checked_math.h"
 #include "gpu/gpu_check.h"
 #include "transport/mpi_util.h"
 #include "ops/collective_layout.h"
@@ -178,40 +179,33 @@ void NcclBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane
     HVD_ENFORCE(u.entry, "alltoall on a joined rank");
     TensorEntry* e = u.entry;
     const BufferDesc& in = e->inputs[0];
-    const size_t row_bytes = static_cast<size_t>(in.RowElements()) * esize;
+    const int64_t row_bytes =
+        CheckedMul(in.RowElements(), static_cast<int64_t>(esize), "alltoall: bytes of a row");
     const std::vector<int64_t>& send_rows = e->splits[0];
     const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
-    int64_t total_rows = 0;
-    for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
-    shape[0] = total_rows;
+    shape[0] = CheckedSum(recv_rows, "alltoall: rows received");
+    // In bytes: the blocks travel as ncclUint8.
+    const AlltoallCounts c = PlanAlltoall(send_rows, recv_rows, row_bytes);
     e->result.outputs.push_back(AllocateDeviceOutput(r.dtype, shape, device_, lane.life));
     char* out = static_cast<char*>(e->result.outputs.back().data());
     const char* src = static_cast<const char*>(in.data);
-    std::vector<size_t> sd(size_), rd(size_);
-    size_t s_at = 0, r_at = 0;
-    for (int rk = 0; rk < size_; ++rk) {
-      sd[rk] = s_at;
-      rd[rk] = r_at;
-      s_at += static_cast<size_t>(send_rows[rk]) * row_bytes;
-      r_at += static_cast<size_t>(recv_rows[rk]) * row_bytes;
-    }
-    CopyDevice(out + rd[rank_], src + sd[rank_],
-               static_cast<size_t>(send_rows[rank_]) * row_bytes, lane);
+    CopyDevice(out + c.recv_displs[rank_], src + c.send_displs[rank_],
+               static_cast<size_t>(c.send_counts[rank_]), lane);
     {
       NcclComm::Launch launch(*lane.comm);
       NcclGroup group(launch.get());
       for (int rk = 0; rk < size_; ++rk) {
         if (rk == rank_) continue;
-        const size_t sb = static_cast<size_t>(send_rows[rk]) * row_bytes;
-        const size_t rb = static_cast<size_t>(recv_rows[rk]) * row_bytes;
+        const size_t sb = static_cast<size_t>(c.send_counts[rk]);
+        const size_t rb = static_cast<size_t>(c.recv_counts[rk]);
         if (sb > 0) {
-          HVD_NCCL_CHECK(launch.get(), nccl.Send(src + sd[rk], sb, ncclUint8, rk, launch.get(),
-                                                 lane.stream));
+          HVD_NCCL_CHECK(launch.get(), nccl.Send(src + c.send_displs[rk], sb, ncclUint8, rk,
+                                                 launch.get(), lane.stream));
         }
         if (rb > 0) {
-          HVD_NCCL_CHECK(launch.get(), nccl.Recv(out + rd[rk], rb, ncclUint8, rk, launch.get(),
-                                                 lane.stream));
+          HVD_NCCL_CHECK(launch.get(), nccl.Recv(out + c.recv_displs[rk], rb, ncclUint8, rk,
+                                                 launch.get(), lane.stream));
         }
       }
       group.End();

@@ -70,6 +70,8 @@ class NcclBackend : public CollectiveBackend {
   // `fallback` runs the responses NCCL cannot (owned here).
   NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
               std::unique_ptr<CollectiveBackend> fallback);
+  // The fallback's host waits end with it; NCCL's own waits have the watchdog.
+  void SetAbortFlag(const std::atomic<bool>* abort) override { fallback_->SetAbortFlag(abort); }
   ~NcclBackend() override;
 
   const char* name() const override { return "NCCL"; }

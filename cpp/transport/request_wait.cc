@@ -68,6 +68,13 @@ void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, 
   int64_t sleep_us = 5;
   const int64_t cap = std::max<int64_t>(policy.max_sleep_micros, 1);
   while (true) {
+    if (policy.abort && policy.abort->load(std::memory_order_relaxed)) {
+      // Note [Ending a stuck wait]: the call stays posted; the caller's
+      // owner abandons its buffers.
+      throw CommunicationError(std::string("aborted while waiting for ") + what +
+                               " (a data collective every rank had agreed to; a peer stopped "
+                               "taking part in it)");
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min<int64_t>(sleep_us * 2, cap);
     for (int i = 0; i < 4; ++i) {

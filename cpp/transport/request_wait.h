@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/env.h"
@@ -27,11 +28,27 @@ namespace hvdcompat {
 struct WaitPolicy {
   int64_t yield_micros;
   int64_t max_sleep_micros;
+  // Set (by the worker) to end a wait that would never complete; may be null.
+  const std::atomic<bool>* abort = nullptr;
 
   static WaitPolicy ForData(const Config& config) {
-    return {config.poll_data_yield_micros, config.poll_max_sleep_micros};
+    return {config.poll_data_yield_micros, config.poll_max_sleep_micros, nullptr};
   }
 };
+
+// Note [Ending a stuck wait]
+// A data collective starts only once every rank has agreed to it, so it
+// normally completes at once; it waits forever only when a peer stopped
+// while alive (SIGSTOP, a hung device, a debugger). Then hvd.shutdown()
+// and the exit handler would wait forever too. Once its bound has passed
+// (HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS), Shutdown sets the worker's two abort
+// flags: the negotiation's (Poller; the stall shutdown,
+// HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, sets that one alone) and the data
+// collectives' (WaitRequest). Each wait checks its flag at every back-off
+// sleep and throws CommunicationError. The posted call stays in MPI (MPI cannot cancel a
+// collective), so its buffers and communicator are abandoned, never freed
+// (Note [Abandoned requests], mpi_transport.h), and MPI_Finalize, which
+// would wait for the stopped peer, is skipped at exit.
 
 // Open MPI's nonblocking allreduce (libnbc) picks a binomial tree below 4
 // ranks, which sends the whole buffer twice and runs several times slower

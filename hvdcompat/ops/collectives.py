@@ -6,6 +6,7 @@ an op completes when every member has submitted it. ``root_rank`` is always a
 global rank. The differentiable functional forms live in ``ops.autograd``.
 """
 
+import operator
 import warnings
 
 import torch
@@ -22,6 +23,9 @@ __all__ = [
     "allgather_async", "broadcast_async", "broadcast_async_", "broadcast_",
     "alltoall_async", "reducescatter_async", "join", "barrier",
 ]
+
+# The core's sizes are int64 (splits arrive as int64_t).
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 _VALID_OPS = (Average, Sum, Adasum, Min, Max, Product)
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
@@ -264,6 +268,9 @@ def _check_root(root_rank, op_name, name):
         except (TypeError, ValueError):
             raise ValueError(f"{op_name} '{name}': root_rank must be an int, got "
                              f"{root_rank!r}") from None
+    if not -2**31 <= root_rank < 2**31:
+        raise ValueError(f"{op_name} '{name}': root_rank {root_rank} is outside any job's ranks; "
+                         "pass the global rank of the process that holds the data")
     return root_rank  # the core checks it is a member of the process set
 
 
@@ -365,7 +372,17 @@ def _splits_list(splits, name):
                              f"integer elements (got {splits.dtype})")
         values = [int(v) for v in splits.cpu().tolist()]
     else:
-        values = [int(v) for v in splits]
+        values = []
+        for v in splits:
+            try:
+                values.append(operator.index(v))
+            except TypeError:
+                raise TypeError(f"alltoall '{name}': splits entry {v!r} is not an integer; "
+                                "pass the number of rows sent to each rank as ints") from None
+    for v in values:
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise ValueError(f"alltoall '{name}': splits entry {v} does not fit in a 64-bit "
+                             "integer; each entry is a number of rows of the tensor")
     return [values]
 
 

@@ -115,6 +115,14 @@ _BAD = {
                   lambda n: torch.ones(1, n, dtype=torch.int32), "1D"),
     "negative_split": (lambda n: torch.ones(n), lambda n: [-1] + [1] * (n - 1), "negative"),
     "scalar": (lambda n: torch.tensor(1.0), None, "scalar"),
+    # Each entry above the rows, whose sum wraps around int64 to a negative value.
+    "huge_splits": (lambda n: torch.ones(1, 4), lambda n: [2**62 + 100] * n, "greater than"),
+    # On 3 ranks and more the wrapped sum equals the row count (2 ** 64 + 2).
+    "splits_wrapping_to_the_rows": (
+        lambda n: torch.ones(2, 4),
+        lambda n: [2**63 - 1, 2**63 - 1] + ([4] + [0] * (n - 3) if n >= 3 else []),
+        "greater than"),
+    "split_beyond_int64": (lambda n: torch.ones(n), lambda n: [2**64] + [0] * (n - 1), "64-bit"),
 }
 
 
@@ -128,4 +136,13 @@ def test_bad_arguments_are_value_errors_and_enqueue_nothing(case):
     with pytest.raises(ValueError, match=message):
         hvd.alltoall_async(make_tensor(n), splits=splits, name="a2a.bad")
     out = hvd.alltoall(torch.full((n,), float(hvd.rank())), name="a2a.bad")
+    assert out.tolist() == [float(r) for r in range(n)]
+
+
+def test_split_entries_that_are_not_integers_are_type_errors():
+    n = hvd.size()
+    # int() would have truncated 1.5 to 1 and sent a row the caller never asked for.
+    with pytest.raises(TypeError, match=r"alltoall 'a2a.float': splits entry 1.5 .*integer"):
+        hvd.alltoall(torch.ones(2 * n), splits=[1.5] + [1] * (n - 1), name="a2a.float")
+    out = hvd.alltoall(torch.full((n,), float(hvd.rank())), name="a2a.float")
     assert out.tolist() == [float(r) for r in range(n)]

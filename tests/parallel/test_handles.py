@@ -50,3 +50,52 @@ def test_the_same_name_on_different_process_sets_is_independent():
     assert hvd.synchronize(on_global).tolist() == [float(n)] * 2
     hvd.remove_process_set(theirs)
     hvd.remove_process_set(mine)
+
+
+def test_a_second_thread_waiting_on_the_same_handle_fails_clearly():
+    import threading
+
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs a second rank")
+    # Rank r waits on op "tw.<r+1>", which rank r+1 submits last, after a
+    # pause: both of rank r's threads are waiting when it completes.
+    handles = {k: hvd.allreduce_async(torch.full((3,), float(k)), name=f"tw.{k}", op=hvd.Sum)
+               for k in range(n) if k != r}
+    watched = (r + 1) % n
+    outcomes = []
+
+    def waiter():
+        try:
+            outcomes.append(("result", hvd.synchronize(handles[watched])))
+        except ValueError as e:
+            outcomes.append(("error", str(e)))
+
+    threads = [threading.Thread(target=waiter) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    handles[r] = hvd.allreduce_async(torch.full((3,), float(r)), name=f"tw.{r}", op=hvd.Sum)
+    for t in threads:
+        t.join(60)
+    kinds = sorted(kind for kind, _ in outcomes)
+    assert kinds == ["error", "result"], outcomes
+    result = next(v for kind, v in outcomes if kind == "result")
+    assert result.tolist() == [float(n * watched)] * 3
+    error = next(v for kind, v in outcomes if kind == "error")
+    assert f"'allreduce.tw.{watched}'" in error and "another thread" in error, error
+    for k, h in handles.items():
+        if k != watched:
+            assert hvd.synchronize(h).tolist() == [float(n * k)] * 3
+
+
+def test_handles_never_synchronized_are_reported_at_shutdown(capfd):
+    for k in range(3):
+        hvd.allreduce_async(torch.ones(2), name=f"forgotten.{k}", op=hvd.Sum)
+    hvd.allreduce(torch.ones(1), name="forgotten.flush")  # the three finish first
+    capfd.readouterr()
+    hvd.shutdown()
+    err = capfd.readouterr().err
+    hvd.init()
+    assert "3 operation(s) finished but were never synchronized" in err, err
+    assert "'allreduce.forgotten.0', 'allreduce.forgotten.1', 'allreduce.forgotten.2'" in err, err

@@ -138,3 +138,18 @@ def test_malformed_list_fails_init(affinity_env):
     with pytest.raises(ValueError, match=r"HOROVOD_THREAD_AFFINITY=0,x is not valid: expected "
                                          r"comma-separated core numbers"):
         hvd.init()
+
+
+def test_a_failed_elastic_reset_leaves_no_runtime_and_the_next_init_works(affinity_env):
+    from hvdcompat import basics
+
+    # Read by the rebuilt runtime on every rank: the reset fails everywhere.
+    os.environ["HOROVOD_THREAD_AFFINITY"] = "0,x"
+    with pytest.raises(ValueError, match=r"HOROVOD_THREAD_AFFINITY=0,x is not valid"):
+        basics._elastic_reset()
+    assert not hvd.is_initialized()
+    del os.environ["HOROVOD_THREAD_AFFINITY"]
+    hvd.init()
+    n = hvd.size()
+    out = hvd.allreduce(torch.full((2,), float(hvd.rank())), op=hvd.Sum, name="after.failed.reset")
+    assert out.tolist() == [float(sum(range(n)))] * 2
