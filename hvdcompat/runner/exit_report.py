@@ -9,6 +9,7 @@ host it lost contact with. :func:`summary` turns what was seen into the line.
 import json
 import os
 import re
+import select
 import signal
 import threading
 
@@ -18,6 +19,9 @@ from hvdcompat.runner.rank_supervisor import report_marker
 # not say which ranks a lost host ran (expected_placement cannot be used).
 MAPPING_ARGS = ("-npernode", "--npernode", "-N", "--map-by", "-map-by", "--rank-by",
                 "-rank-by", "-ppr", "--ppr", "-rf", "--rankfile", "-bynode", "--bynode")
+
+# OutputRelay(whole_lines=True): how long a partial line waits for the rest of it.
+PARTIAL_LINE_SECONDS = 0.2
 
 __all__ = ["OutputRelay", "summary", "expected_placement", "first_failure_code",
            "final_world_exit"]
@@ -48,8 +52,12 @@ class OutputRelay:
     whatever a rank prints is passed on as its output.
     """
 
-    def __init__(self, pairs, token=None):
-        """Args: pairs: (readable file object, our fd to write to); token: the report secret."""
+    def __init__(self, pairs, token=None, whole_lines=False):
+        """Args: pairs: (readable file object, our fd to write to); token: the report secret;
+        whole_lines: write each stream's output a whole line at a time, so ranks writing to one
+        fd never mix within a line (a partial line goes out once its stream is quiet for
+        :data:`PARTIAL_LINE_SECONDS`)."""
+        self.whole_lines = whole_lines
         self._marker = report_marker(token).encode()
         self._token = token
         self.reports = []
@@ -70,7 +78,11 @@ class OutputRelay:
     def _pump(self, src, fd):
         pending = b""   # the start of a line that may be a report
         tail = b""      # recent output, to find prterun's lost-host message
+        held = b""      # whole_lines: the end of the output, not yet a whole line
         while True:
+            if held and not select.select([src], [], [], PARTIAL_LINE_SECONDS)[0]:
+                _write_all(fd, held)  # a prompt or progress bar without a newline
+                held = b""
             chunk = os.read(src.fileno(), 65536)
             if not chunk:
                 break
@@ -93,13 +105,18 @@ class OutputRelay:
                     out.append(line)
                 start = len(data) if nl < 0 else nl + 1
             text = b"".join(out)
+            if self.whole_lines:
+                text, held = held + text, b""
+                cut = text.rfind(b"\n") + 1
+                if cut < len(text) and len(text) - cut < 65536:
+                    text, held = text[:cut], text[cut:]
             if text:
                 _write_all(fd, text)
                 self.line_open[fd] = not text.endswith(b"\n")
                 tail = (tail + text)[-8192:]
                 self._scan(tail)
-        if pending:
-            _write_all(fd, pending)
+        if held or pending:
+            _write_all(fd, held + pending)
 
     def _take_report(self, payload):
         try:

@@ -335,7 +335,8 @@ def run_gloo(args, command, plan_common, supervisor):
     except OSError as e:
         _stop_all(procs)
         raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
-    relay = _exit_report.OutputRelay(pairs)
+    # Every rank writes to our stdout/stderr: whole lines, so ranks never mix within one.
+    relay = _exit_report.OutputRelay(pairs, whole_lines=True)
     code = _wait(procs)
     relay.join(timeout=5)
     del server

@@ -151,3 +151,27 @@ def test_check_build_tells_whether_gloo_is_built():
     assert r.returncode == 0, r.stderr
     box = "[X]" if gloo_built() else "[ ]"
     assert r.stdout.count(f"{box} Gloo") == 2, r.stdout
+
+
+def test_the_relay_keeps_each_ranks_lines_whole():
+    from hvdcompat.runner.exit_report import OutputRelay
+
+    out_r, out_w = os.pipe()
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    relay = OutputRelay([(os.fdopen(a_r, "rb"), out_w), (os.fdopen(b_r, "rb"), out_w)],
+                        whole_lines=True)
+    os.write(a_w, b"rank 0 sa")
+    time.sleep(0.05)
+    os.write(b_w, b"rank 1 says hello\n")
+    time.sleep(0.05)
+    os.write(a_w, b"ys hello\n")
+    os.write(b_w, b"prompt> ")  # no newline: goes out once the stream is quiet
+    time.sleep(1.0)
+    os.close(a_w)
+    os.close(b_w)
+    relay.join(5)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        got = f.read()
+    assert got == b"rank 1 says hello\nrank 0 says hello\nprompt> ", got
