@@ -12,6 +12,7 @@ from hvdcompat import rendezvous as _rdzv
 from hvdcompat import process_sets as _ps
 from hvdcompat._ext import Adasum, Average, Max, Min, Product, Sum, _core  # noqa: F401
 from hvdcompat.exceptions import HorovodInternalError
+from hvdcompat.runner import mpi_world
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -235,8 +236,8 @@ def _mark_final_world():
     codes (their rank supervisors record them); see ElasticDriver.verdict.
     """
     directory = _core.knob("ELASTIC_DIR")
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
-    if not directory or not (rank or "").isdigit():
+    rank = mpi_world.world_rank()
+    if not directory or rank is None:
         return
     try:
         with open(os.path.join(directory, f"final.{rank}"), "w") as f:

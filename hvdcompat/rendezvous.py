@@ -24,6 +24,7 @@ MASTER_ADDR:MASTER_PORT (torchrun's agent store).
 import os
 from dataclasses import dataclass
 
+from hvdcompat.runner import mpi_world
 from hvdcompat.store import DEFAULT_TIMEOUT_SECONDS
 
 __all__ = ["CONTROLLERS", "launched_by_mpi", "launched_by_torch", "launched_by_gloo_launcher",
@@ -31,10 +32,6 @@ __all__ = ["CONTROLLERS", "launched_by_mpi", "launched_by_torch", "launched_by_g
 
 CONTROLLERS = ("mpi", "gloo")
 
-# Variables that MPI launchers set in every process they start: Open MPI
-# (mpirun/prterun), any PMIx launcher, MPICH/Intel MPI (hydra), MVAPICH.
-_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK",
-                    "MV2_COMM_WORLD_SIZE")
 
 # torchrun and torch.distributed.launch set these; MPI launchers do not.
 _TORCH_LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")
@@ -42,8 +39,7 @@ _TORCH_LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROU
 
 def launched_by_mpi(environ=None):
     """Whether this process was started by an MPI launcher (mpirun, hvdcompatrun, srun+PMIx...)."""
-    environ = os.environ if environ is None else environ
-    return any(v in environ for v in _MPI_LAUNCH_VARS)
+    return mpi_world.launched_by_mpi(environ)
 
 
 def launched_by_torch(environ=None):

@@ -22,11 +22,9 @@ import traceback
 import cloudpickle
 
 from hvdcompat import run_channel
+from hvdcompat.runner import mpi_world
 
 __all__ = ["world_rank", "main"]
-
-# Set by Open MPI (OMPI_*), any PMIx launcher (PMIX_RANK) and MPICH's Hydra (PMI_RANK).
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
 
 def world_rank(environ=None):
@@ -35,13 +33,11 @@ def world_rank(environ=None):
     Raises:
         RuntimeError: the process was not started by an MPI launcher.
     """
-    environ = os.environ if environ is None else environ
-    for name in _RANK_VARS:
-        value = environ.get(name)
-        if value is not None and value.strip().isdigit():
-            return int(value)
+    rank = mpi_world.world_rank(environ)
+    if rank is not None:
+        return rank
     raise RuntimeError("hvdcompat.run_task: no MPI rank in the environment (none of "
-                       + ", ".join(_RANK_VARS) + " is set); it is started by hvdcompat.run "
+                       + ", ".join(mpi_world.RANK) + " is set); it is started by hvdcompat.run "
                        "through mpirun, not by hand")
 
 

@@ -40,6 +40,11 @@ import subprocess
 import sys
 import time
 
+if __package__:  # imported as hvdcompat.runner.rank_supervisor
+    from hvdcompat.runner import mpi_world
+else:  # run as a script (above): the module beside this file, without the package
+    import mpi_world
+
 __all__ = ["MARKER", "TOKEN_ENV", "report_marker", "main"]
 
 MARKER = "hvdcompatrun-rank-exit: "
@@ -70,10 +75,8 @@ def _die_with_parent():
 
 def _rank():
     # HOROVOD_RANK: hvdcompatrun --gloo starts the rank itself.
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return -1
+    rank = mpi_world.read(mpi_world.RANK + ("HOROVOD_RANK",))
+    return -1 if rank is None else rank
 
 
 def _write_report(marker, report):
@@ -105,10 +108,10 @@ def _record_exit(report):
 # variables, and scripts read them (an elastic script's HOROVOD_RANK is the
 # rank it started as). The same names, from what the MPI launcher sets.
 _PLACE = (
-    ("HOROVOD_RANK", ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")),
-    ("HOROVOD_SIZE", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")),
-    ("HOROVOD_LOCAL_RANK", ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")),
-    ("HOROVOD_LOCAL_SIZE", ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")),
+    ("HOROVOD_RANK", mpi_world.RANK),
+    ("HOROVOD_SIZE", mpi_world.SIZE),
+    ("HOROVOD_LOCAL_RANK", mpi_world.LOCAL_RANK),
+    ("HOROVOD_LOCAL_SIZE", mpi_world.LOCAL_SIZE),
 )
 
 
@@ -118,10 +121,9 @@ def _place_environment(environ):
     for name, sources in _PLACE:
         if name in env:
             continue
-        for source in sources:
-            if env.get(source, "").isdigit():
-                env[name] = env[source]
-                break
+        value = mpi_world.read(sources, env)
+        if value is not None:
+            env[name] = str(value)
     # The host as the job's host list names it (elastic launches say it), else the machine's.
     env.setdefault("HOROVOD_HOSTNAME", env.get("HVDCOMPAT_ELASTIC_HOST") or socket.gethostname())
     return env
