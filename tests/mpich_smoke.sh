@@ -15,9 +15,13 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 MPICH_VERSION="${HVDCOMPAT_MPICH_VERSION:-5.0.2}"
 CACHE="${HVDCOMPAT_MPICH_CACHE:-$HOME/.cache/hvdcompat-mpich}"
-VENV="$CACHE/venv-mpich-$MPICH_VERSION"
-TREE="$CACHE/tree"
+# The interpreter whose packages (torch, pytest, ...) the MPICH environment
+# uses: the one running the tests (tests/test_mpich.py passes it), which may
+# be a virtualenv's.
 PYTHON="${PYTHON:-python3}"
+PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+VENV="$CACHE/venv-mpich-$MPICH_VERSION-py$PYVER"
+TREE="$CACHE/tree"
 
 say() { echo "[mpich-smoke] $*"; }
 
@@ -27,6 +31,15 @@ if [ ! -x "$VENV/bin/mpicc" ]; then
   "$PYTHON" -m venv --system-site-packages "$VENV"
   "$VENV/bin/python" -m pip install -q "mpich==$MPICH_VERSION"
 fi
+# --system-site-packages sees the base interpreter's packages only, never a
+# virtualenv's: list $PYTHON's own site-packages after the environment's own
+# (written at every run, so a cached environment follows the interpreter).
+# Plain directories, not site.addsitedir: their .pth files (an editable
+# hvdcompat among them) must not put the other build of hvdcompat on the path.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$PYTHON" -c 'import site, sys; print("\n".join(p for p in site.getsitepackages()
+                                               if p != sys.argv[1]))' "$SITE" \
+  > "$SITE/hvdcompat_parent_site.pth"
 export PATH="$VENV/bin:$PATH"
 export MPICC="$VENV/bin/mpicc"
 

@@ -8,6 +8,7 @@ HVDCOMPAT_TEST_MPICH=off to leave it out (it needs PyPI the first time).
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -21,8 +22,9 @@ TIMEOUT = int(os.environ.get("HVDCOMPAT_MPICH_SMOKE_TIMEOUT", "1500"))
 def test_suite_subset_passes_on_mpich():
     script = os.path.join(REPO, "tests", "mpich_smoke.sh")
     try:
+        # The MPICH environment uses this interpreter's packages (a virtualenv's too).
         proc = subprocess.run(["bash", script], cwd=REPO, capture_output=True, text=True,
-                              timeout=TIMEOUT)
+                              timeout=TIMEOUT, env={**os.environ, "PYTHON": sys.executable})
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(
             errors="replace")
