@@ -80,6 +80,14 @@ int64_t BufferDesc::RowElements() const {
   return CheckedProduct(shape, 1, "elements of a tensor row");
 }
 
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string RankListString(const std::vector<int>& v) { return "[" + JoinInts(v) + "]"; }
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

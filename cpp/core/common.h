@@ -93,6 +93,9 @@ struct BufferDesc {
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape);
+// Ranks (or any ints) for messages: "0, 2, 3", and in brackets "[0, 2, 3]".
+std::string JoinInts(const std::vector<int>& v);
+std::string RankListString(const std::vector<int>& v);
 // Elements of a tensor of this shape (1 for a scalar).
 int64_t ShapeElements(const std::vector<int64_t>& shape);
 

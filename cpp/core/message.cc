@@ -20,12 +20,6 @@ int64_t Response::TotalElements() const {
   return n;
 }
 
-bool SameRequestParams(const Request& a, const Request& b) {
-  return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
-         a.device == b.device && a.prescale == b.prescale && a.postscale == b.postscale &&
-         a.name == b.name && a.auto_named == b.auto_named && a.shapes == b.shapes;
-}
-
 namespace {
 
 class Writer {

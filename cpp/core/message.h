@@ -59,9 +59,6 @@ struct Response {
   int64_t TotalBytes() const { return TotalElements() * static_cast<int64_t>(DataTypeSize(dtype)); }
 };
 
-// Two requests describe the same work (used by the response cache).
-bool SameRequestParams(const Request& a, const Request& b);
-
 std::string EncodeRequests(const std::vector<Request>& requests);
 std::vector<Request> DecodeRequests(const char* data, size_t size);
 std::string EncodeResponses(const std::vector<Response>& responses);

@@ -27,12 +27,6 @@ std::vector<int> Sorted(std::vector<int> v) {
   return v;
 }
 
-std::string RankListString(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // "rank 1", "ranks 0 and 2", "ranks 0, 2 and 3".
 std::string RanksPhrase(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";

@@ -17,12 +17,6 @@ namespace hvdcompat {
 
 namespace {
 
-std::string JoinInts(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
-
 MPI_Comm DupOrNull(MPI_Comm comm, bool wanted) {
   if (!wanted) return MPI_COMM_NULL;
   MPI_Comm dup;

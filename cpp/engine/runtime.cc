@@ -10,12 +10,6 @@ namespace hvdcompat {
 
 namespace {
 
-std::string RankListString(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 constexpr const char* kInitCaller = "hvd.init(process_sets=...)";
 
 }  // namespace

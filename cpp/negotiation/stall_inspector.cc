@@ -14,11 +14,7 @@ namespace {
 
 constexpr int kReportTag = 7301;
 
-std::string Ranks(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s.empty() ? "none" : s;
-}
+std::string Ranks(const std::vector<int>& v) { return v.empty() ? "none" : JoinInts(v); }
 
 std::string Encode(const std::vector<StallInspector::Pending>& pending) {
   std::string out;
