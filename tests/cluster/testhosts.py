@@ -45,7 +45,6 @@ HOSTS_FILE = "/etc/hosts"
 _MARK = "# hvdcompat-testhosts "
 # Third octets of 198.18.0.0/15 as (second octet, third octet).
 _SUBNETS = [(18, i) for i in range(256)] + [(19, i) for i in range(256)]
-_PREFIX_RE = re.compile(r"^hv[0-9a-z]{4,8}$")
 
 
 class ClusterUnavailable(RuntimeError):
@@ -207,7 +206,7 @@ class HostCluster:
     Not thread-safe; one owner.
     """
 
-    def __init__(self, n, names=None, rate=None):
+    def __init__(self, n, names=None, rate=None, prefix="hv"):
         """Creates the hosts.
 
         Args:
@@ -215,6 +214,8 @@ class HostCluster:
             names: host names (default ``<prefix>-n1`` ...); must not already be
                 in /etc/hosts.
             rate: optional tbf rate for every host link (e.g. ``"1gbit"``).
+            prefix: start of every name this instance makes (2-5 lowercase
+                letters; a unique tag follows it).
 
         Raises:
             ClusterUnavailable: not root, or namespaces are missing.
@@ -225,12 +226,15 @@ class HostCluster:
             raise ClusterUnavailable(reason)
         if not 1 <= n <= 200:
             raise ValueError(f"HostCluster: n must be in 1..200, got {n}")
+        if not re.fullmatch(r"[a-z]{2,5}", prefix):
+            raise ValueError(f"HostCluster: prefix must be 2-5 lowercase letters, got {prefix!r}")
         sweep_stale()
         self._state = None
         self._state_fd = None
         self._prev_handlers = {}
         tag = f"{os.getpid():x}{int(time.time() * 1000) % 4096:03x}"[-7:]
-        self.prefix = "hv" + tag
+        # Interface names hold 15 characters: prefix and tag (10 at most) and "v<i>p" fit.
+        self.prefix = prefix + tag[-(10 - len(prefix)):]
         self.names = list(names) if names else [f"{self.prefix}-n{i + 1}" for i in range(n)]
         if len(self.names) != n:
             raise ValueError(f"HostCluster: {n} hosts but {len(self.names)} names")
