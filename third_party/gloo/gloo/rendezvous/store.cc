@@ -1,0 +1,11 @@
+/**
+ * Copyright (c) 2017-present, Facebook, Inc.
+ * All rights reserved.
+ *
+ * This source code is licensed under the BSD-style license found in the
+ * LICENSE file in the root directory of this source tree.
+ */
+
+namespace gloo {
+namespace rendezvous {} // namespace rendezvous
+} // namespace gloo
