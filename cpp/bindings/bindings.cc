@@ -12,6 +12,7 @@
 
 #include "bindings/dlpack_export.h"
 #include "bindings/py_convert.h"
+#include "bindings/py_store.h"
 #include "bindings/runtime_lease.h"
 #include "autotune/parameter_manager.h"
 #include "engine/elastic_reset.h"
@@ -118,7 +119,8 @@ void Init(InitOptions opts) {
     if (!opts.comm && core.world != MPI_COMM_NULL) opts.comm = core.world;
   }
   int provided = 0;
-  if (MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
+  // Note [Gloo controller]: MPI is never initialised on Gloo.
+  if (opts.controller != "gloo" && MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
   opts.continue_timeline = core.started_before;
   auto rt = std::make_shared<Runtime>(opts);
   core.started_before = true;
@@ -134,7 +136,7 @@ void ReportUnsynchronized(Runtime& rt) {
   if (n == 0) return;
   std::string listed;
   for (const auto& name : names) listed += (listed.empty() ? "'" : ", '") + name + "'";
-  HVD_LOG(kWarning) << "hvd.shutdown() on rank " << rt.mpi().rank() << ": " << n
+  HVD_LOG(kWarning) << "hvd.shutdown() on rank " << rt.job().rank << ": " << n
                     << " operation(s) finished but were never synchronized (" << listed
                     << (n > names.size() ? ", ..." : "")
                     << "); their outputs were kept until now. Call hvd.synchronize() on every "
@@ -169,6 +171,11 @@ std::vector<int> ElasticReset() {
     std::lock_guard<std::mutex> lock(core.mu);
     if (!core.runtime) throw py::value_error(kNotInitialized);
     old = core.runtime;
+  }
+  if (old->on_gloo()) {
+    throw py::value_error("hvd.elastic reset on the Gloo controller: rebuilding the job in place "
+                          "runs on the MPI controller only; run elastic jobs with "
+                          "hvdcompatrun (MPI) or restart the job");
   }
   // Another thread's call meanwhile meets the stopped old runtime and fails.
   ResetResult r;
@@ -409,8 +416,19 @@ void BindOptions(py::module_& m) {
       .def(py::init([](std::optional<int64_t> comm_handle, std::vector<int> ranks,
                        std::vector<std::vector<int>> process_sets,
                        std::vector<std::pair<bool, std::optional<std::vector<int>>>> requested_sets,
-                       std::string refused, bool dynamic_process_sets) {
+                       std::string refused, bool dynamic_process_sets, std::string controller,
+                       py::object store, int rank, int size, int local_rank, int local_size,
+                       int cross_rank, int cross_size, std::string hostname,
+                       std::string gloo_iface, std::string gloo_hostname, double gloo_timeout_s) {
              InitOptions o;
+             if (controller != "mpi" && controller != "gloo") {
+               throw py::value_error("InitOptions: controller must be 'mpi' or 'gloo', not '" +
+                                     controller + "'");
+             }
+             o.controller = std::move(controller);
+             o.gloo = GlooOptions{WrapPythonStore(std::move(store)), rank, size, local_rank,
+                                  local_size, cross_rank, cross_size, std::move(hostname),
+                                  std::move(gloo_iface), std::move(gloo_hostname), gloo_timeout_s};
              // A Fortran handle (mpi4py's Comm.py2f()): the one form of a
              // communicator that every MPI defines as an integer. MPI_Comm
              // itself is a pointer in Open MPI and an int in the MPICH family.
@@ -432,7 +450,15 @@ void BindOptions(py::module_& m) {
            py::arg("process_sets") = std::vector<std::vector<int>>(),
            py::arg("requested_sets") =
                std::vector<std::pair<bool, std::optional<std::vector<int>>>>(),
-           py::arg("refused") = std::string(), py::arg("dynamic_process_sets") = false)
+           py::arg("refused") = std::string(), py::arg("dynamic_process_sets") = false,
+           py::arg("controller") = "mpi", py::arg("store") = py::none(), py::arg("rank") = -1,
+           py::arg("size") = -1, py::arg("local_rank") = -1, py::arg("local_size") = -1,
+           py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("hostname") = "",
+           py::arg("gloo_iface") = "", py::arg("gloo_hostname") = "",
+           py::arg("gloo_timeout_s") = 30.0)
+      .def_readonly("controller", &InitOptions::controller)
+      .def_property_readonly("gloo_timeout_s",
+                             [](const InitOptions& o) { return o.gloo.timeout_s; })
       .def_property_readonly("comm_handle",
                              [](const InitOptions& o) -> std::optional<int64_t> {
                                if (!o.comm) return std::nullopt;
@@ -495,19 +521,24 @@ PYBIND11_MODULE(_core, m) {
         "Rebuilds the runtime from the surviving ranks, in place (collective over survivors).");
   m.def("fault_tolerance_enabled", [] { return FaultToleranceEnabled(); },
         "Whether MPI runs with ULFM enabled (mpirun --with-ft ulfm).");
-  m.def("abort", [](int code) { MPI_Abort(MPI_COMM_WORLD, code); }, py::arg("code"),
+  m.def("abort", [](int code) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) std::_Exit(code);  // the Gloo controller: this process only
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }, py::arg("code"),
         "Aborts every rank of the job (used by the test harness on a failure).");
   m.def("finalize", &Finalize, Release(),
         "Shut down and, if hvdcompat initialised MPI and it runs without ULFM, finalize it.");
   m.def("is_initialized", &IsInitialized);
-  m.def("rank", [] { return RuntimeLease()->mpi().rank(); });
-  m.def("size", [] { return RuntimeLease()->mpi().size(); });
-  m.def("local_rank", [] { return RuntimeLease()->mpi().local_rank(); });
-  m.def("local_size", [] { return RuntimeLease()->mpi().local_size(); });
-  m.def("cross_rank", [] { return RuntimeLease()->mpi().cross_rank(); });
-  m.def("cross_size", [] { return RuntimeLease()->mpi().cross_size(); });
-  m.def("is_homogeneous", [] { return RuntimeLease()->mpi().homogeneous(); });
-  m.def("mpi_threads_supported", [] { return RuntimeLease()->mpi().threads_supported(); });
+  m.def("rank", [] { return RuntimeLease()->job().rank; });
+  m.def("size", [] { return RuntimeLease()->job().size; });
+  m.def("local_rank", [] { return RuntimeLease()->job().local_rank; });
+  m.def("local_size", [] { return RuntimeLease()->job().local_size; });
+  m.def("cross_rank", [] { return RuntimeLease()->job().cross_rank; });
+  m.def("cross_size", [] { return RuntimeLease()->job().cross_size; });
+  m.def("is_homogeneous", [] { return RuntimeLease()->job().homogeneous; });
+  m.def("mpi_threads_supported", [] { return RuntimeLease()->job().threads_supported; });
   m.def("dynamic_process_sets", [] { return RuntimeLease()->dynamic_process_sets(); });
   // `args` is copied out of its Python object while the GIL is held.
   m.def("enqueue", &Enqueue, py::arg("args"), Release(), "Hands one op to the core; its handle.");
@@ -584,4 +615,5 @@ PYBIND11_MODULE(_core, m) {
   m.attr("AUTOTUNE_LOG_HEADER") = ParameterManager::kLogHeader;
 
   RegisterGpuBindings(m);
+  RegisterGlooBindings(m);
 }

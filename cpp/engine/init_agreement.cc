@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/common.h"
-#include "transport/mpi_util.h"
+#include "transport/job_comm.h"
 
 namespace hvdcompat {
 
@@ -111,31 +111,18 @@ std::vector<std::vector<int>> ListSets(const InitSetsRequest& request) {
 }
 
 // Every rank's description (the second round).
-std::vector<InitSetsRequest> GatherDescriptions(const MpiContext& mpi, const std::string& mine,
-                                                const std::vector<uint64_t>& records) {
-  const int size = mpi.size();
-  std::vector<int> counts(size), displs(size);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    counts[r] = static_cast<int>(records[r * kRecordWords + kLength]);
-    displs[r] = total;
-    total += counts[r];
-  }
-  std::string all(static_cast<size_t>(total), '\0');
-  MPI_Comm comm = mpi.comm();
-  HVD_MPI_CHECK(comm, MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_CHAR,
-                                     &all[0], counts.data(), displs.data(), MPI_CHAR, comm));
+std::vector<InitSetsRequest> GatherDescriptions(JobComm& job, const std::string& mine) {
   std::vector<InitSetsRequest> given;
-  for (int r = 0; r < size; ++r) given.push_back(Parse(all.substr(displs[r], counts[r])));
+  for (const std::string& s : job.AllgatherStrings(mine)) given.push_back(Parse(s));
   return given;
 }
 
 }  // namespace
 
-std::vector<std::vector<int>> AgreeOnInitSets(const MpiContext& mpi,
+std::vector<std::vector<int>> AgreeOnInitSets(JobComm& job,
                                               const InitSetsRequest& request,
                                               const InitSetsValidator& validate) {
-  const int size = mpi.size();
+  const int size = job.topology().size;
   bool from_comm = false;
   for (const auto& s : request.sets) from_comm = from_comm || s.from_comm;
   const std::string shape = Serialize(request, false);
@@ -146,9 +133,7 @@ std::vector<std::vector<int>> AgreeOnInitSets(const MpiContext& mpi,
   uint64_t mine[kRecordWords] = {digest, request.refused.empty() ? 0u : 1u, from_comm ? 1u : 0u,
                                  static_cast<uint64_t>(full.size())};
   std::vector<uint64_t> records(static_cast<size_t>(size) * kRecordWords);
-  MPI_Comm comm = mpi.comm();
-  HVD_MPI_CHECK(comm, MPI_Allgather(mine, kRecordWords, MPI_UINT64_T, records.data(),
-                                    kRecordWords, MPI_UINT64_T, comm));
+  job.AllgatherFixed(mine, sizeof(mine), records.data());
   bool second_round = false;
   for (int r = 0; r < size; ++r) {
     const uint64_t* rec = &records[static_cast<size_t>(r) * kRecordWords];
@@ -163,7 +148,7 @@ std::vector<std::vector<int>> AgreeOnInitSets(const MpiContext& mpi,
     return lists;
   }
 
-  const std::vector<InitSetsRequest> given = GatherDescriptions(mpi, full, records);
+  const std::vector<InitSetsRequest> given = GatherDescriptions(job, full);
   // From here on every rank computes from the same descriptions.
   std::vector<std::string> mistakes;
   for (int r = 0; r < size; ++r) {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/mpi_context.h"
+#include "transport/job_comm.h"
 
 namespace hvdcompat {
 
@@ -58,8 +58,8 @@ using InitSetsValidator =
 // Returns the rank lists to register as ids 1..n, the same on every rank,
 // after every rank agreed on them; throws InvalidArgument, with the same
 // text on every rank, when some rank refused its argument, passed invalid
-// sets, or passed other sets than the rest. Collective over `mpi.comm()`.
-std::vector<std::vector<int>> AgreeOnInitSets(const MpiContext& mpi,
+// sets, or passed other sets than the rest. Collective over the job.
+std::vector<std::vector<int>> AgreeOnInitSets(JobComm& job,
                                               const InitSetsRequest& request,
                                               const InitSetsValidator& validate);
 

@@ -11,7 +11,9 @@
 #include "negotiation/fusion.h"
 #include "ops/gpu_backends.h"
 #include "core/logging.h"
+#include "ops/gloo_ops.h"
 #include "ops/mpi_ops.h"
+#include "transport/gloo_transport.h"
 
 namespace hvdcompat {
 
@@ -78,14 +80,21 @@ std::string DescribeHosts(const std::vector<int>& lost, const std::vector<std::s
   return os.str();
 }
 
+std::unique_ptr<ControlTransport> MakeTransport(const WorkerComm& comm, const MpiOps* ops,
+                                                Poller* poller) {
+  if (comm.gloo) return std::make_unique<GlooTransport>(comm.gloo);
+  return std::make_unique<MpiTransport>(comm.mpi, ops, poller);
+}
+
 }  // namespace
 
-ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks,
+ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> global_ranks,
                                    const Config& config, HandleTable* handles,
                                    const MpiOps* mpi_ops, EngineStats* stats, Timeline* timeline,
                                    GpuContext* gpu)
     : id_(id),
-      comm_(comm),
+      comm_(comm.mpi),
+      gloo_(comm.gloo),
       global_ranks_(std::move(global_ranks)),
       config_(config),
       handles_(handles),
@@ -93,16 +102,22 @@ ProcessSetWorker::ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> globa
       timeline_(timeline),
       timeline_sink_(timeline, id),
       poller_(config.poll_spin_micros, config.poll_max_sleep_micros, &abort_),
-      transport_(comm, mpi_ops, &poller_),
-      controller_(&transport_, static_cast<size_t>(config.cache_capacity), global_ranks_, id,
+      transport_(MakeTransport(comm, mpi_ops, &poller_)),
+      controller_(transport_.get(), static_cast<size_t>(config.cache_capacity), global_ranks_, id,
                   stats),
-      stall_(DupOrNull(comm, config.stall_check_seconds > 0 || config.stall_shutdown_seconds > 0),
+      stall_(DupOrNull(comm.mpi, comm.mpi != MPI_COMM_NULL && (config.stall_check_seconds > 0 ||
+                                                               config.stall_shutdown_seconds > 0)),
              global_ranks_, id,
              config.stall_check_seconds > 0 ? config.stall_check_seconds
                                             : config.stall_shutdown_seconds) {
-  rank_ = transport_.rank();
-  AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
-  backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_, stats_));
+  rank_ = transport_->rank();
+  if (gloo_) {
+    backends_.push_back(std::make_unique<GlooBackend>(gloo_, config_));
+  } else {
+    mpi_transport_ = static_cast<MpiTransport*>(transport_.get());
+    AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);
+    backends_.push_back(std::make_unique<MpiBackend>(comm_, mpi_ops, config_, stats_));
+  }
   for (auto& b : backends_) {
     b->set_activity(&timeline_sink_);
     b->SetAbortFlag(&shutdown_abort_);
@@ -145,7 +160,7 @@ ProcessSetWorker::~ProcessSetWorker() {
   // An abandoned negotiation or data collective may still progress on comm_
   // (Note [Abandoned requests]): freeing it would pull it from under MPI.
   // Leave it allocated.
-  if (!finalized && comm_ != MPI_COMM_NULL && !transport_.abandoned() && !aborted()) {
+  if (!finalized && comm_ != MPI_COMM_NULL && !mpi_transport_->abandoned() && !aborted()) {
     MPI_Comm_free(&comm_);
   }
 }

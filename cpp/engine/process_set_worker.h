@@ -32,14 +32,28 @@
 #include "negotiation/stall_inspector.h"
 #include "engine/timeline.h"
 
+namespace gloo {
+class Context;
+}
+
 namespace hvdcompat {
+
+// What a worker runs on: an MPI communicator (the worker owns it), or a Gloo
+// context of its own (the Gloo controller, transport/gloo_context.h).
+struct WorkerComm {
+  WorkerComm(MPI_Comm c) : mpi(c) {}  // NOLINT: implicit, as callers pass communicators
+  explicit WorkerComm(std::shared_ptr<gloo::Context> c) : gloo(std::move(c)) {}
+  MPI_Comm mpi = MPI_COMM_NULL;
+  std::shared_ptr<gloo::Context> gloo;
+};
 
 class ProcessSetWorker {
  public:
-  // Takes ownership of `comm` (freed when the worker is destroyed).
+  // Takes ownership of `comm` (an MPI communicator is freed when the worker
+  // is destroyed).
   // `timeline` (may be inactive), `stats` and `gpu` (may be null: host
   // buffers only) must outlive the worker.
-  ProcessSetWorker(int id, MPI_Comm comm, std::vector<int> global_ranks, const Config& config,
+  ProcessSetWorker(int id, WorkerComm comm, std::vector<int> global_ranks, const Config& config,
                    HandleTable* handles, const MpiOps* mpi_ops, EngineStats* stats,
                    Timeline* timeline, GpuContext* gpu = nullptr);
   ~ProcessSetWorker();
@@ -111,6 +125,7 @@ class ProcessSetWorker {
 
   const int id_;
   MPI_Comm comm_;
+  std::shared_ptr<gloo::Context> gloo_;
   std::vector<int> global_ranks_;
   Config config_;
   HandleTable* handles_;
@@ -123,7 +138,8 @@ class ProcessSetWorker {
   std::atomic<bool> shutdown_abort_{false};  // ends the data waits too (the shutdown bound only)
   std::atomic<bool> pending_hint_{false};  // set with incoming_/shutdown, read without the lock
   Poller poller_;
-  MpiTransport transport_;
+  std::unique_ptr<ControlTransport> transport_;
+  MpiTransport* mpi_transport_ = nullptr;  // transport_, on MPI
   Controller controller_;
   StallInspector stall_;
   std::vector<std::unique_ptr<CollectiveBackend>> backends_;

@@ -18,10 +18,24 @@ Runtime::Runtime(const InitOptions& options)
     : config_(Config::FromEnvironment()),
       handles_(KnobInt(Knob::kWaitSpinMicros)),
       dynamic_(options.dynamic_process_sets || KnobBool(Knob::kDynamicProcessSets)) {
-  mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
-  ConfigureLogging(mpi_->rank());
-  std::vector<int> all(mpi_->size());
-  for (int i = 0; i < mpi_->size(); ++i) all[i] = i;
+  if (options.controller == "gloo") {
+    if (options.comm || !options.ranks.empty()) {
+      throw InvalidArgument("hvd.init(comm=...) on the Gloo controller: a communicator or rank "
+                            "list is MPI's; under torchrun or hvdcompatrun --gloo every launched "
+                            "rank joins. Use hvd.add_process_set for a subset.");
+    }
+    gloo_ = std::make_unique<GlooJob>(options.gloo);
+    job_ = gloo_.get();
+  } else if (options.controller == "mpi") {
+    mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
+    job_ = mpi_.get();
+  } else {
+    throw InvalidArgument("hvd.init: unknown controller '" + options.controller +
+                          "'; HOROVOD_CONTROLLER must be 'mpi' or 'gloo'");
+  }
+  ConfigureLogging(job().rank);
+  std::vector<int> all(job().size);
+  for (int i = 0; i < job().size; ++i) all[i] = i;
   // Before any worker exists, so bad or differing sets fail hvd.init() on
   // every rank with nothing started (Note [Agreeing on init's sets]).
   InitSetsRequest request{dynamic_, {}, options.refused};
@@ -29,7 +43,7 @@ Runtime::Runtime(const InitOptions& options)
   request.sets.insert(request.sets.end(), options.requested_sets.begin(),
                       options.requested_sets.end());
   const std::vector<std::vector<int>> sets = AgreeOnInitSets(
-      *mpi_, request,
+      *job_, request,
       [&](const std::string& subject, const std::vector<std::vector<int>>& lists) {
         std::map<int, std::vector<int>> planned{{0, all}};
         for (size_t i = 0; i < lists.size(); ++i) {
@@ -44,19 +58,21 @@ Runtime::Runtime(const InitOptions& options)
         }
         return std::string();
       });
-  config_.rank_hosts = mpi_->hosts();
+  config_.rank_hosts = job().hosts;
   config_.worker_core =
-      WorkerCoreFor(config_.thread_affinity, mpi_->local_rank(), mpi_->local_size());
-  if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && mpi_->rank() == 0) {
+      WorkerCoreFor(config_.thread_affinity, job().local_rank, job().local_size);
+  if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && job().rank == 0) {
     timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles,
                     options.continue_timeline);
   }
-  gpu_ = std::make_unique<GpuContext>(config_, mpi_->local_rank());
+  gpu_ = std::make_unique<GpuContext>(config_, job().local_rank);
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     set_ranks_[0] = all;
-    workers_[0] = std::make_shared<ProcessSetWorker>(0, mpi_->Duplicate(), all, config_, &handles_,
-                                                     &mpi_->ops(), &stats_, &timeline_, gpu_.get());
+    WorkerComm comm = gloo_ ? WorkerComm(gloo_->NewContext()) : WorkerComm(mpi_->Duplicate());
+    workers_[0] = std::make_shared<ProcessSetWorker>(0, std::move(comm), all, config_, &handles_,
+                                                     mpi_ ? &mpi_->ops() : nullptr, &stats_,
+                                                     &timeline_, gpu_.get());
   }
   std::lock_guard<std::mutex> control(control_mu_);
   for (size_t i = 0; i < sets.size(); ++i) {
@@ -72,9 +88,11 @@ Runtime::~Runtime() {
   // (Note [Ending a stuck wait]): leave them allocated.
   if (waits_abandoned_) {
     mpi_.release();  // NOLINT(bugprone-unused-return-value): deliberately never freed
+    gloo_.release();  // NOLINT(bugprone-unused-return-value): likewise
     return;
   }
   mpi_.reset();
+  gloo_.reset();
 }
 
 void Runtime::Stop() {
@@ -117,10 +135,10 @@ void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) {
       throw InvalidArgument("start_timeline('" + path + "'): hvdcompat has been shut down on rank " +
-                            std::to_string(mpi_->rank()) + "; call hvd.init() first.");
+                            std::to_string(job().rank) + "; call hvd.init() first.");
     }
   }
-  if (mpi_->rank() == 0) timeline_.Start(path, mark_cycles);
+  if (job().rank == 0) timeline_.Start(path, mark_cycles);
 }
 
 void Runtime::StopTimeline() {
@@ -135,11 +153,11 @@ void Runtime::StopTimeline() {
 std::string Runtime::Subject(const std::string& op, const std::string& name) const {
   std::string s = op;
   if (!name.empty()) s += " '" + name + "'";
-  return s + " on rank " + std::to_string(mpi_->rank());
+  return s + " on rank " + std::to_string(job().rank);
 }
 
 std::string Runtime::DescribeSet(int id, const std::vector<int>& ranks) const {
-  if (id == 0) return "the global process set (ranks 0 to " + std::to_string(mpi_->size() - 1) + ")";
+  if (id == 0) return "the global process set (ranks 0 to " + std::to_string(job().size - 1) + ")";
   return "process set " + std::to_string(id) + " (ranks " + RankListString(ranks) + ")";
 }
 
@@ -162,7 +180,7 @@ std::shared_ptr<ProcessSetWorker> Runtime::MemberWorker(const std::string& op,
         "; it was never added, or it was removed. Register it with hvd.add_process_set or "
         "hvd.init(process_sets=...) and pass the registered ProcessSet.");
   }
-  throw InvalidArgument(Subject(op, name) + ": rank " + std::to_string(mpi_->rank()) +
+  throw InvalidArgument(Subject(op, name) + ": rank " + std::to_string(job().rank) +
                         " is not a member of " + DescribeSet(process_set, known->second) +
                         ". Only its members may call collectives on it; skip the call on the "
                         "other ranks.");
@@ -325,11 +343,11 @@ void Runtime::CheckNewSet(const std::string& subject, std::vector<int>* ranks,
   for (size_t i = 0; i < ranks->size(); ++i) {
     int r = (*ranks)[i];
     const bool repeated = i && r == (*ranks)[i - 1];
-    if (r < 0 || r >= mpi_->size() || repeated) {
+    if (r < 0 || r >= job().size || repeated) {
       throw InvalidArgument(subject + ": process set " + RankListString(*ranks) + ": rank " +
                             std::to_string(r) + (repeated ? " is listed twice" : " is out of range") +
                             "; ranks must be distinct global ranks in [0, " +
-                            std::to_string(mpi_->size()) + ")");
+                            std::to_string(job().size) + ")");
     }
   }
   if (ranks->empty()) {
@@ -349,7 +367,7 @@ void Runtime::CheckNewSet(const std::string& subject, std::vector<int>* ranks,
 void Runtime::ThrowShutDown(const std::string& call, bool by_peer) const {
   throw InvalidArgument(call + ": hvdcompat has been shut down (" +
                         (by_peer ? std::string("another rank") : std::string("this rank")) +
-                        " called hvd.shutdown() while rank " + std::to_string(mpi_->rank()) +
+                        " called hvd.shutdown() while rank " + std::to_string(job().rank) +
                         " was changing process sets); call hvd.init() on every rank first.");
 }
 
@@ -357,8 +375,7 @@ Runtime::Round Runtime::AgreeLocked(uint64_t digest, bool closing) {
   // MIN over {digest, ~digest, open}: equal digests everywhere leave both
   // words intact; one closing rank zeroes `open` for all.
   uint64_t words[3] = {digest, ~digest, closing ? 0u : 1u};
-  MPI_Comm comm = mpi_->comm();
-  HVD_MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, words, 3, MPI_UINT64_T, MPI_MIN, comm));
+  job_->AllreduceMin(words, 3);
   return Round{words[0] == digest && ~words[1] == digest, words[2] == 0};
 }
 
@@ -374,7 +391,7 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) ThrowShutDown(call, false);
     try {
-      CheckNewSet(caller + " on rank " + std::to_string(mpi_->rank()), &ranks, set_ranks_);
+      CheckNewSet(caller + " on rank " + std::to_string(job().rank), &ranks, set_ranks_);
     } catch (const InvalidArgument& e) {
       mistake = e.what();
     }
@@ -391,20 +408,30 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
   }
   if (!mistake.empty()) throw InvalidArgument(mistake);
   if (!round.same) {
-    throw InvalidArgument(caller + " on rank " + std::to_string(mpi_->rank()) + ": process set " +
+    throw InvalidArgument(caller + " on rank " + std::to_string(job().rank) + ": process set " +
                           RankListString(ranks) + ": ranks passed different process sets, or "
                           "another rank refused this one (its own error says why). Every rank "
                           "of the job must register the same ranks, in the same order.");
   }
   // Every rank is here for this set: the communicator's creation completes.
-  MPI_Comm comm = mpi_->comm();
-  MPI_Group world_group, group;
-  HVD_MPI_CHECK(comm, MPI_Comm_group(comm, &world_group));
-  HVD_MPI_CHECK(comm, MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group));
   MPI_Comm set_comm = MPI_COMM_NULL;
-  HVD_MPI_CHECK(comm, MPI_Comm_create(comm, group, &set_comm));
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
+  std::shared_ptr<gloo::Context> set_context;
+  const int generation = set_rounds_++;
+  if (gloo_) {
+    // Only the members connect, under keys of this registration's own.
+    if (std::binary_search(ranks.begin(), ranks.end(), job().rank)) {
+      set_context = gloo_->SubsetContext(ranks, "set/" + std::to_string(generation) + "/");
+    }
+  } else {
+    MPI_Comm comm = mpi_->comm();
+    MPI_Group world_group, group;
+    HVD_MPI_CHECK(comm, MPI_Comm_group(comm, &world_group));
+    HVD_MPI_CHECK(comm, MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(),
+                                       &group));
+    HVD_MPI_CHECK(comm, MPI_Comm_create(comm, group, &set_comm));
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+  }
   std::lock_guard<std::mutex> lock(sets_mu_);
   if (stopped_) {
     // Shut down on this rank meanwhile: the peers learn it at their next round.
@@ -429,6 +456,10 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
     MPI_Comm_set_errhandler(set_comm, MPI_ERRORS_RETURN);
     workers_[id] = std::make_shared<ProcessSetWorker>(id, set_comm, ranks, config_, &handles_,
                                                       &mpi_->ops(), &stats_, &timeline_, gpu_.get());
+  } else if (set_context) {
+    workers_[id] = std::make_shared<ProcessSetWorker>(id, WorkerComm(std::move(set_context)), ranks,
+                                                      config_, &handles_, nullptr, &stats_,
+                                                      &timeline_, gpu_.get());
   }
   return id;
 }
@@ -458,7 +489,7 @@ bool Runtime::RemoveProcessSet(int id) {
   }
   if (!round.same) {
     throw InvalidArgument(
-        call + " on rank " + std::to_string(mpi_->rank()) + ": the ranks did not all remove the "
+        call + " on rank " + std::to_string(job().rank) + ": the ranks did not all remove the "
         "same registered process set (id " + std::to_string(id) + " is " +
         (known ? "registered" : "not registered") + " on this rank); nothing was removed. Every "
         "rank of the job must remove the same set, in the same order as its other process-set "
@@ -503,7 +534,7 @@ std::optional<ProcessSetInfo> Runtime::GetProcessSet(int id) const {
   auto it = set_ranks_.find(id);
   if (it == set_ranks_.end()) return std::nullopt;
   ProcessSetInfo info{id, it->second, false, -1};
-  auto pos = std::find(it->second.begin(), it->second.end(), mpi_->rank());
+  auto pos = std::find(it->second.begin(), it->second.end(), job().rank);
   if (pos != it->second.end()) {
     info.included = true;
     info.rank = static_cast<int>(pos - it->second.begin());

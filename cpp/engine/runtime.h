@@ -32,6 +32,7 @@
 #include "gpu/gpu_context.h"
 #include "engine/handle_table.h"
 #include "engine/init_agreement.h"
+#include "transport/gloo_context.h"
 #include "transport/mpi_context.h"
 #include "engine/process_set_worker.h"
 #include "engine/timeline.h"
@@ -39,6 +40,8 @@
 namespace hvdcompat {
 
 struct InitOptions {
+  std::string controller = "mpi";            // "mpi" or "gloo" (Note [Gloo controller])
+  GlooOptions gloo;                          // controller "gloo": the launch's store and ranks
   std::optional<MPI_Comm> comm;              // from mpi4py, duplicated
   std::vector<int> ranks;                    // hvd.init(comm=[...])
   std::vector<std::vector<int>> process_sets;  // static sets, registered as ids 1..n
@@ -97,7 +100,11 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
+  // The MPI context; only on the MPI controller (on_gloo() false).
   const MpiContext& mpi() const { return *mpi_; }
+  bool on_gloo() const { return gloo_ != nullptr; }
+  // Rank, size and topology, on either controller.
+  const JobTopology& job() const { return job_->topology(); }
   const Config& config() const { return config_; }
   HandleTable& handles() { return handles_; }
   EngineStats& stats() { return stats_; }
@@ -165,7 +172,10 @@ class Runtime {
   [[noreturn]] void ThrowShutDown(const std::string& call, bool by_peer) const;
 
   Config config_;
-  std::unique_ptr<MpiContext> mpi_;
+  std::unique_ptr<MpiContext> mpi_;  // one of mpi_ and gloo_ is set; job_ is that one
+  std::unique_ptr<GlooJob> gloo_;
+  JobComm* job_ = nullptr;
+  int set_rounds_ = 0;  // process-set registrations so far (the Gloo store keys' generation)
   HandleTable handles_;
   EngineStats stats_;
   Timeline timeline_;  // outlives the workers (declared before them)

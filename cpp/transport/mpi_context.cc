@@ -86,6 +86,36 @@ MpiContext::MpiContext(MPI_Comm base, const std::vector<int>& ranks) {
   homogeneous_ = sizes[0] == -sizes[1];
   GatherHosts();
   MpiOps::Get();  // created while MPI is initialised
+  topology_ = JobTopology{rank_,        size_,        local_rank_,         local_size_,
+                          cross_rank_,  cross_size_,  homogeneous_,        threads_supported(),
+                          hosts_};
+}
+
+void MpiContext::AllgatherFixed(const void* mine, size_t bytes, void* all) {
+  HVD_ENFORCE_LT(bytes, static_cast<size_t>(INT32_MAX), "allgather record too large");
+  HVD_MPI_CHECK(comm_, MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
+                                     static_cast<int>(bytes), MPI_BYTE, comm_));
+}
+
+std::vector<std::string> MpiContext::AllgatherStrings(const std::string& mine) {
+  std::vector<int> counts(size_), displs(size_);
+  int len = static_cast<int>(mine.size());
+  HVD_MPI_CHECK(comm_, MPI_Allgather(&len, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  HVD_MPI_CHECK(comm_, MPI_Allgatherv(mine.data(), len, MPI_CHAR, &all[0], counts.data(),
+                                      displs.data(), MPI_CHAR, comm_));
+  std::vector<std::string> out;
+  for (int r = 0; r < size_; ++r) out.push_back(all.substr(displs[r], counts[r]));
+  return out;
+}
+
+void MpiContext::AllreduceMin(uint64_t* words, int n) {
+  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, words, n, MPI_UINT64_T, MPI_MIN, comm_));
 }
 
 void MpiContext::GatherHosts() {

@@ -10,18 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "transport/job_comm.h"
 #include "transport/mpi_util.h"
 
 namespace hvdcompat {
 
-class MpiContext {
+class MpiContext : public JobComm {
  public:
   // `base`: the communicator to duplicate (MPI_COMM_WORLD when none was
   // given); `ranks`: when non-empty, only these ranks of `base` form the job
   // (every process must pass the same list; processes outside it get an
   // error).
   MpiContext(MPI_Comm base, const std::vector<int>& ranks);
-  ~MpiContext();
+  ~MpiContext() override;
   MpiContext(const MpiContext&) = delete;
   MpiContext& operator=(const MpiContext&) = delete;
 
@@ -45,6 +46,12 @@ class MpiContext {
   const std::vector<std::string>& hosts() const { return hosts_; }
   bool threads_supported() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
+  const char* controller() const override { return "mpi"; }
+  const JobTopology& topology() const override { return topology_; }
+  void AllgatherFixed(const void* mine, size_t bytes, void* all) override;
+  std::vector<std::string> AllgatherStrings(const std::string& mine) override;
+  void AllreduceMin(uint64_t* words, int n) override;
+
  private:
   void GatherHosts();
 
@@ -57,6 +64,7 @@ class MpiContext {
   bool homogeneous_ = true;
   std::vector<std::string> hosts_;
   int thread_level_ = MPI_THREAD_SINGLE;
+  JobTopology topology_;
 };
 
 }  // namespace hvdcompat

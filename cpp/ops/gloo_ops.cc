@@ -1,0 +1,369 @@
+#include "ops/gloo_ops.h"
+
+#include <cstring>
+
+#include "ops/collective_layout.h"
+#include "ops/cpu_kernels.h"
+#include "transport/control_transport.h"
+#include "gloo/allgatherv.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/context.h"
+
+namespace hvdcompat {
+
+namespace {
+
+constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T, ReduceOp O>
+void Combine(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (O == ReduceOp::kMin) {
+      out[i] = y[i] < x[i] ? y[i] : x[i];
+    } else if constexpr (O == ReduceOp::kMax) {
+      out[i] = y[i] > x[i] ? y[i] : x[i];
+    } else if constexpr (O == ReduceOp::kProduct) {
+      out[i] = static_cast<T>(x[i] * y[i]);
+    } else {
+      out[i] = static_cast<T>(x[i] + y[i]);
+    }
+  }
+}
+
+template <typename T>
+ReduceFn ForOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return &Combine<T, ReduceOp::kMin>;
+    case ReduceOp::kMax: return &Combine<T, ReduceOp::kMax>;
+    case ReduceOp::kProduct: return &Combine<T, ReduceOp::kProduct>;
+    default: return &Combine<T, ReduceOp::kSum>;  // Sum and Average (scaled after)
+  }
+}
+
+ReduceFn ReduceFor(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kBool: return ForOp<uint8_t>(op);  // as MPI_UINT8_T on the MPI path
+    case DataType::kInt8: return ForOp<int8_t>(op);
+    case DataType::kInt16: return ForOp<int16_t>(op);
+    case DataType::kInt32: return ForOp<int32_t>(op);
+    case DataType::kInt64: return ForOp<int64_t>(op);
+    case DataType::kFloat32: return ForOp<float>(op);
+    case DataType::kFloat64: return ForOp<double>(op);
+    default: throw InternalError("Gloo: no reduction for a 16-bit float (widen it first)");
+  }
+}
+
+void Scales(const Response& r, int size, double* pre, double* post) {
+  *pre = r.prescale;
+  *post = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) *post /= size;
+}
+
+bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
+
+// Gloo wants a pointer even for an empty buffer.
+char g_empty[8];
+template <typename P>
+P* NonNull(P* p) {
+  return p ? p : reinterpret_cast<P*>(g_empty);
+}
+
+}  // namespace
+
+GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config)
+    : context_(std::move(context)), rank_(context_->rank), size_(context_->size) {}
+
+GlooBackend::~GlooBackend() = default;
+
+bool GlooBackend::CanExecute(const Response& r) const { return r.device == kCpuDevice; }
+
+void GlooBackend::Fail(const char* what, const std::exception& e) const {
+  throw CommunicationError(std::string("Gloo ") + what + " on set rank " + std::to_string(rank_) +
+                           " of " + std::to_string(size_) + " failed: " + e.what() +
+                           " (a peer may have exited; its own output says why)");
+}
+
+void GlooBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
+  try {
+    switch (r.op) {
+      case OpType::kAllreduce: return Allreduce(r, units);
+      case OpType::kAllgather: return Timed("GLOO_ALLGATHER", [&] { Allgather(r, units); });
+      case OpType::kBroadcast: return Timed("GLOO_BCAST", [&] { Broadcast(r, units); });
+      case OpType::kAlltoall: return Timed("GLOO_ALLTOALL", [&] { Alltoall(r, units); });
+      case OpType::kReducescatter:
+        return Timed("GLOO_REDUCESCATTER", [&] { Reducescatter(r, units); });
+      case OpType::kBarrier:
+      case OpType::kJoin:
+        // Negotiation already synchronised every rank of the set.
+        return;
+    }
+  } catch (const gloo::Exception& e) {
+    Fail(OpTypeName(r.op), e);
+  }
+}
+
+void GlooBackend::AllreduceElements(const void* in, void* out, int64_t count, DataType dtype,
+                                    ReduceOp op) {
+  if (count == 0 || size_ == 1) {
+    if (in != out && count > 0) std::memcpy(out, in, count * DataTypeSize(dtype));
+    return;
+  }
+  gloo::AllreduceOptions o(context_);
+  const size_t esize = DataTypeSize(dtype);
+  // Typed by size only: the reduce function knows the element type.
+  auto set = [&](auto* typed_out) {
+    using T = std::remove_pointer_t<decltype(typed_out)>;
+    if (in != out) o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
+    o.setOutput(typed_out, count);
+  };
+  switch (esize) {
+    case 1: set(static_cast<uint8_t*>(out)); break;
+    case 2: set(static_cast<uint16_t*>(out)); break;
+    case 4: set(static_cast<uint32_t*>(out)); break;
+    default: set(static_cast<uint64_t*>(out)); break;
+  }
+  o.setReduceFunction(ReduceFor(dtype, op));
+  o.setTag(kDataTag);
+  gloo::allreduce(o);
+}
+
+void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
+  if (r.reduce_op == ReduceOp::kAdasum) {
+    throw InvalidArgument(
+        "allreduce '" + (units.empty() ? std::string() : units[0].unit->name) +
+        "' with op=Adasum on rank " + std::to_string(rank_) +
+        ": Adasum runs on the MPI controller only; launch with mpirun/hvdcompatrun (without "
+        "--gloo) or use op=Average");
+  }
+  const size_t esize = DataTypeSize(r.dtype);
+  const DataType wire = HostReduceType(r.dtype);
+  const size_t wsize = DataTypeSize(wire);
+  double pre, post;
+  Scales(r, size_, &pre, &post);
+  struct Piece {
+    const char* in;
+    char* out;
+    int64_t count;
+    double pre;
+  };
+  std::vector<Piece> pieces;
+  size_t joined = 0;
+  int64_t total = 0;
+  for (auto& u : units) {
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      int64_t count = ShapeElements(u.unit->shapes[t]);
+      total += count;
+      if (u.entry) {
+        pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
+                          static_cast<char*>(u.entry->outputs[t].data), count, pre});
+      } else {
+        // A joined rank contributes the op's identity and keeps nothing.
+        if (joined_buffers_.size() <= joined) {
+          joined_buffers_.push_back(std::make_unique<HostScratch>());
+        }
+        char* z = joined_buffers_[joined++]->Reserve(static_cast<size_t>(count) * esize);
+        FillIdentity(z, count, r.dtype, r.reduce_op);
+        pieces.push_back({z, z, count, 1.0});
+      }
+    }
+  }
+  if (pieces.size() == 1 && wire == r.dtype) {
+    const Piece& p = pieces[0];
+    const char* src = p.in;
+    if (p.pre != 1.0) {
+      Timed("PRESCALE", [&] { ScaleCopy(p.out, p.in, p.count, r.dtype, p.pre); });
+      src = p.out;
+    }
+    Timed("GLOO_ALLREDUCE", [&] { AllreduceElements(src, p.out, p.count, r.dtype, r.reduce_op); });
+    if (post != 1.0) {
+      Timed("POSTSCALE", [&] {
+        ScaleCopy(p.out, p.out, p.count, r.dtype, post, PostInDouble(r.reduce_op));
+      });
+    }
+    return;
+  }
+  // Fused or 16-bit: pack (widening, prescaling), reduce once, unpack.
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(total, 1)) * wsize);
+  Timed("MEMCPY_IN_FUSION_BUFFER", [&] {
+    int64_t at = 0;
+    for (const auto& p : pieces) {
+      ConvertScale(buf + at * wsize, wire, p.in, r.dtype, p.count, p.pre);
+      at += p.count;
+    }
+  });
+  Timed("GLOO_ALLREDUCE", [&] { AllreduceElements(buf, buf, total, wire, r.reduce_op); });
+  Timed("MEMCPY_OUT_FUSION_BUFFER", [&] {
+    int64_t at = 0;
+    for (const auto& p : pieces) {
+      ConvertScale(p.out, r.dtype, buf + at * wsize, wire, p.count, post,
+                   PostInDouble(r.reduce_op));
+      at += p.count;
+    }
+  });
+}
+
+void GlooBackend::AllgatherBytes(const void* send, void* recv,
+                                 const std::vector<int64_t>& counts) {
+  std::vector<size_t> c(counts.begin(), counts.end());
+  gloo::AllgathervOptions o(context_);
+  o.setInput(NonNull(const_cast<char*>(static_cast<const char*>(send))), c[rank_]);
+  o.setOutput(NonNull(static_cast<char*>(recv)), c);
+  o.setTag(kDataTag);
+  gloo::allgatherv(o);
+}
+
+void GlooBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
+  const size_t esize = DataTypeSize(r.dtype);
+  std::vector<std::pair<TensorEntry*, const BufferDesc*>> tensors;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "allgather on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      tensors.emplace_back(u.entry, &u.entry->inputs[t]);
+    }
+  }
+  const size_t n = tensors.size();
+  std::vector<int64_t> mine(n), dims(n * size_);
+  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].second->shape[0];
+  AllgatherBytes(mine.data(), dims.data(),
+                 std::vector<int64_t>(size_, static_cast<int64_t>(n * sizeof(int64_t))));
+  // Planned in bytes: one call carries every tensor, fused or not.
+  std::vector<int64_t> row_bytes(n);
+  for (size_t i = 0; i < n; ++i) {
+    row_bytes[i] = tensors[i].second->RowElements() * static_cast<int64_t>(esize);
+  }
+  const GatherLayout g = PlanAllgather(dims, row_bytes, size_);
+  std::vector<char*> outs(n);
+  for (size_t i = 0; i < n; ++i) {
+    Shape shape = tensors[i].second->shape;
+    shape[0] = g.out_rows[i];
+    auto& results = tensors[i].first->result.outputs;
+    results.push_back(OwnedBuffer::Allocate(r.dtype, shape));
+    outs[i] = static_cast<char*>(results.back().data());
+  }
+  if (n == 1) {
+    AllgatherBytes(tensors[0].second->data, outs[0], g.rank_counts);
+    return;
+  }
+  char* send = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(g.rank_counts[rank_], 1)));
+  int64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(send + at, tensors[i].second->data, g.Count(rank_, i));
+    at += g.Count(rank_, i);
+  }
+  char* recv = scratch_b_.Reserve(static_cast<size_t>(std::max<int64_t>(g.total, 1)));
+  AllgatherBytes(send, recv, g.rank_counts);
+  std::vector<int64_t> out_at(n, 0);
+  at = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(outs[i] + out_at[i], recv + at, g.Count(rk, i));
+      out_at[i] += g.Count(rk, i);
+      at += g.Count(rk, i);
+    }
+  }
+}
+
+void GlooBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {
+  const bool root = rank_ == r.root;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "broadcast on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const BufferDesc& in = u.entry->inputs[t];
+      const BufferDesc& out = u.entry->outputs[t];
+      if (root && in.data != out.data) std::memcpy(out.data, in.data, in.Bytes());
+      if (out.Bytes() == 0 || size_ == 1) continue;
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(static_cast<char*>(out.data), out.Bytes());
+      o.setRoot(r.root);
+      o.setTag(kDataTag);
+      gloo::broadcast(o);
+    }
+  }
+}
+
+void GlooBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
+  const size_t esize = DataTypeSize(r.dtype);
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "alltoall on a joined rank");
+    TensorEntry* e = u.entry;
+    const BufferDesc& in = e->inputs[0];
+    const int64_t row_bytes = in.RowElements() * static_cast<int64_t>(esize);
+    std::vector<int64_t> send_rows = e->splits[0];
+    std::vector<int64_t> recv_rows(size_);
+    {
+      gloo::AlltoallvOptions o(context_);
+      o.setInput(send_rows.data(), std::vector<int64_t>(size_, 1));
+      o.setOutput(recv_rows.data(), std::vector<int64_t>(size_, 1));
+      o.setTag(kDataTag);
+      gloo::alltoallv(o);
+    }
+    int64_t total_rows = 0;
+    for (int64_t v : recv_rows) total_rows += v;
+    Shape shape = in.shape;
+    shape[0] = total_rows;
+    e->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
+    char* out = static_cast<char*>(e->result.outputs.back().data());
+    std::vector<int64_t> sc(size_), rc(size_);
+    for (int rk = 0; rk < size_; ++rk) {
+      sc[rk] = send_rows[rk] * row_bytes;
+      rc[rk] = recv_rows[rk] * row_bytes;
+    }
+    gloo::AlltoallvOptions o(context_);
+    o.setInput(NonNull(static_cast<char*>(in.data)), sc);
+    o.setOutput(NonNull(out), rc);
+    o.setTag(kDataTag + 1);
+    gloo::alltoallv(o);
+    e->result.received_splits.push_back(recv_rows);
+  }
+}
+
+void GlooBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) {
+  const DataType wire = HostReduceType(r.dtype);
+  const size_t esize = DataTypeSize(r.dtype);
+  const size_t wsize = DataTypeSize(wire);
+  double pre, post;
+  Scales(r, size_, &pre, &post);
+  std::vector<std::pair<const BufferDesc*, const BufferDesc*>> tensors;  // input, output
+  std::vector<int64_t> rows, row_elems;
+  for (auto& u : units) {
+    HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
+    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
+      const BufferDesc& in = u.entry->inputs[t];
+      tensors.emplace_back(&in, &u.entry->outputs[t]);
+      rows.push_back(in.shape.empty() ? 1 : in.shape[0]);
+      row_elems.push_back(in.RowElements());
+    }
+  }
+  // Rank-major layout: the block every rank keeps is contiguous.
+  const ScatterLayout s = PlanReducescatter(rows, row_elems, size_);
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(s.total, 1)) * wsize);
+  int64_t mine_at = 0;
+  int64_t at = 0;
+  for (int rk = 0; rk < size_; ++rk) {
+    if (rk == rank_) mine_at = at;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      ConvertScale(buf + at * wsize, wire,
+                   static_cast<const char*>(tensors[i].first->data) + s.Offset(rk, i) * esize,
+                   r.dtype, s.Count(rk, i), pre);
+      at += s.Count(rk, i);
+    }
+  }
+  AllreduceElements(buf, buf, s.total, wire, r.reduce_op);
+  at = mine_at;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ConvertScale(tensors[i].second->data, r.dtype, buf + at * wsize, wire, s.Count(rank_, i), post,
+                 PostInDouble(r.reduce_op));
+    at += s.Count(rank_, i);
+  }
+}
+
+}  // namespace hvdcompat

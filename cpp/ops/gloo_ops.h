@@ -1,0 +1,56 @@
+// Host-memory collectives over Gloo (the Gloo controller, Note [Gloo
+// controller] in transport/gloo_context.h): the same responses as
+// MpiBackend, fused or not, with the same scaling and 16-bit rules (float16
+// and bfloat16 are widened to float32 while packing and rounded once while
+// unpacking, as on MPI). A single tensor of another type is reduced from its
+// input straight into its output; fused tensors are packed into one buffer
+// and reduced in one call. Reducescatter reduces the packed payload whole and
+// keeps this rank's block. Adasum is MPI-only.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "core/env.h"
+#include "negotiation/fusion.h"
+#include "ops/backend.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace hvdcompat {
+
+class GlooBackend : public CollectiveBackend {
+ public:
+  GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config);
+  ~GlooBackend() override;
+
+  const char* name() const override { return "Gloo"; }
+  bool CanExecute(const Response& response) const override;
+  void Execute(const Response& response, std::vector<ExecUnit>& units) override;
+
+ private:
+  void Allreduce(const Response& r, std::vector<ExecUnit>& units);
+  void Allgather(const Response& r, std::vector<ExecUnit>& units);
+  void Broadcast(const Response& r, std::vector<ExecUnit>& units);
+  void Alltoall(const Response& r, std::vector<ExecUnit>& units);
+  void Reducescatter(const Response& r, std::vector<ExecUnit>& units);
+
+  // out = reduction over ranks of `in` (`in` may equal `out`), in `dtype`
+  // (never a 16-bit float: those are widened first).
+  void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  // Every rank's `counts[rk]` bytes at `send` into `recv`, by rank.
+  void AllgatherBytes(const void* send, void* recv, const std::vector<int64_t>& counts);
+  // Labels a failure with the op and this rank.
+  [[noreturn]] void Fail(const char* what, const std::exception& e) const;
+
+  std::shared_ptr<gloo::Context> context_;
+  int rank_ = 0;
+  int size_ = 1;
+  HostScratch scratch_a_;
+  HostScratch scratch_b_;
+  std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
+};
+
+}  // namespace hvdcompat
