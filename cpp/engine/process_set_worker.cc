@@ -505,7 +505,10 @@ void ProcessSetWorker::Execute(std::vector<Response> responses) {
                                std::string(OpTypeName(r.op)) + " '" + r.units[0].name +
                                    "': no backend can run it on device " +
                                    std::to_string(r.device) +
-                                   " (GPU tensors need NCCL or HOROVOD_GPU_OPERATIONS=MPI)");
+                                   (gloo_ ? " (the Gloo controller runs host tensors only; "
+                                            "move the tensor to the CPU, or launch with MPI)"
+                                          : " (GPU tensors need NCCL or "
+                                            "HOROVOD_GPU_OPERATIONS=MPI)"));
       for (const auto& u : r.units) CompleteByName(u.name, s);
       continue;
     }
