@@ -207,8 +207,11 @@ def test_without_torchruns_agent_rank_0_serves_the_store_and_torch_joins_it(monk
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    # prepare() sets both in os.environ; setenv first makes monkeypatch restore their absence
+    # (a bare delenv of an unset variable records nothing, and the next tests would see them).
+    for name in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     envs = [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"} for r in (0, 1)]
     processes = [gloo_init._GlooProcess(), gloo_init._GlooProcess()]
