@@ -153,8 +153,8 @@ def init(comm=None, process_sets=None):
         gloo = _gloo.prepare(_core, os.environ)
         if gloo is not None and comm is not None and not isinstance(comm, (list, tuple)):
             raise ValueError("hvd.init(comm=<mpi4py communicator>): this job runs on the Gloo "
-                             "controller, where there is no MPI communicator; pass a list of "
-                             "ranks, or launch with hvdcompatrun / mpirun to run on MPI")
+                             "controller: every launched rank joins (use hvd.add_process_set for "
+                             "a subset), or launch with hvdcompatrun / mpirun to run on MPI")
         handle, ranks = _comm_arguments(comm)
         static_sets = _ps._parse_init_argument(process_sets, comm)
         _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,

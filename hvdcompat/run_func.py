@@ -234,8 +234,10 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
             this process's stdout/stderr (Open MPI only, as mpirun writes them:
             ``DIR/<job>/rank.N/stdout`` with Open MPI 5).
         verbose: print the mpirun command before running it.
-        use_gloo: must be falsy: hvdcompat has no Gloo controller.
-        use_mpi: accepted (MPI is the only controller).
+        use_gloo: must be falsy: ``hvdcompat.run`` starts its ranks with
+            mpirun only. To run on the Gloo controller, launch a script with
+            ``hvdcompatrun --gloo`` or torchrun instead.
+        use_mpi: accepted (``hvdcompat.run`` always uses MPI).
         mpi_args: extra mpirun arguments, one string (``--mpi-args``).
         network_interface: network interfaces for MPI, comma-separated
             (hvdcompatrun's ``--network-interfaces``).
@@ -282,8 +284,9 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     if use_gloo and use_mpi:
         raise ValueError("hvdcompat.run: use_gloo and use_mpi cannot both be True")
     if use_gloo:
-        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat has no Gloo controller; its "
-                         "jobs always run on MPI. Leave use_gloo unset (or pass use_mpi=True).")
+        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat.run starts its ranks with "
+                         "mpirun only. Leave use_gloo unset (or pass use_mpi=True), or run a "
+                         "script on the Gloo controller with hvdcompatrun --gloo or torchrun.")
     elastic = {name: value for name, value in zip(
         ELASTIC_PARAMETERS, (min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
                              host_discovery_script, elastic_timeout))

@@ -104,7 +104,7 @@ def _noop():
 
 def test_deprecated_np_warns_and_gloo_is_refused():
     with pytest.warns(DeprecationWarning, match="np= is deprecated, use num_proc="):
-        with pytest.raises(ValueError, match="no Gloo controller"):
+        with pytest.raises(ValueError, match="starts its ranks with mpirun only"):
             hvd.run(_noop, np=2, use_gloo=True)
     with pytest.raises(ValueError, match="cannot both be True"):
         hvd.run(_noop, use_gloo=True, use_mpi=True)

@@ -534,10 +534,11 @@ def _create(backend_opts, pg_options=None):
     if size > 1 and not backend_available():
         raise RuntimeError(
             f"init_process_group('{BACKEND_NAME}'): this process was not started by an MPI "
-            f"launcher (and this build has no Gloo controller for torchrun's), so hvdcompat's "
-            f"engine cannot reach the other {size - 1} rank(s). Launch with mpirun / "
-            "hvdcompatrun; under torchrun or torch.distributed.launch use backend='gloo' (or "
-            "'nccl') and `import hvdcompat.ddp.accelerate`.")
+            f"launcher, nor by a launch the Gloo controller can join in this build, so "
+            f"hvdcompat's engine cannot reach the other {size - 1} rank(s). Launch with mpirun / "
+            "hvdcompatrun (or hvdcompatrun --gloo / torchrun on a build with Gloo: "
+            "hvdcompatrun --check-build); or use backend='gloo' (or 'nccl') and "
+            "`import hvdcompat.ddp.accelerate`.")
     hvd = _hvd()
     hvd.init()
     if size != hvd.size() or ranks != list(range(hvd.size())):
