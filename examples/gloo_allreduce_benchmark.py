@@ -28,7 +28,7 @@ import hvdcompat as hvd
 from hvdcompat import _core, _session
 from hvdcompat import process_sets as _ps
 
-SIZES = {"4KiB": 4 << 10, "16MiB": 16 << 20, "64MiB": 64 << 20}
+SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "64MiB": 64 << 20}
 
 
 def launch_rank_size():
@@ -61,6 +61,15 @@ class Store:
         return "the benchmark's TCPStore"
 
 
+def check_sum(reduce_, rank, size, who):
+    """One sum of (rank + 1) per element must give size * (size + 1) / 2 everywhere."""
+    t = torch.full((1000,), float(rank + 1))
+    reduce_(t)
+    want = size * (size + 1) / 2
+    if not torch.equal(t, torch.full_like(t, want)):
+        sys.exit(f"rank {rank}: {who}'s allreduce gave {t[:4].tolist()}..., expected {want}")
+
+
 def timed(fn, iters):
     fn()  # warm-up (connections, first allocation)
     out = []
@@ -77,7 +86,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the Gloo peers")
     p.add_argument("--port", type=int, default=29517)
     p.add_argument("--host", default="127.0.0.1", help="address rank 0's store listens on")
-    p.add_argument("--sizes", default=",".join(SIZES))
+    p.add_argument("--sizes", default="4KiB,16MiB,64MiB", help=f"of {','.join(SIZES)}")
     args = p.parse_args()
     rank, size = launch_rank_size()
     sizes = [(name, SIZES[name]) for name in args.sizes.split(",")]
@@ -90,6 +99,9 @@ def main():
     assert _core.gloo_enabled()
     dist.init_process_group("gloo", store=dist.PrefixStore("torch/", tcp), rank=rank,
                             world_size=size)
+    check_sum(lambda t: hvd.allreduce_(t, op=hvd.Sum, name="check.gloo"), rank, size,
+              "the Gloo controller")
+    check_sum(dist.all_reduce, rank, size, "torch gloo")
     bufs = {name: torch.ones(nbytes // 4) for name, nbytes in sizes}
     ours, torch_gloo = {}, {}
     for _ in range(args.rounds):
@@ -103,6 +115,8 @@ def main():
     # Our MPI controller, same sizes
     hvd.init()
     assert _core.mpi_enabled()
+    check_sum(lambda t: hvd.allreduce_(t, op=hvd.Sum, name="check.mpi"), rank, size,
+              "the MPI controller")
     mpi = {}
     for name, _n in sizes:
         t = bufs[name]
@@ -123,6 +137,7 @@ def main():
                 return f"{sec * 1e3:.3f} ms ({nbytes / sec / 1e9:.2f} GB/s)"
 
             print(f"| {name} | {cell(o)} | {cell(g)} | {cell(m)} | {o / g:.2f}x | {m / g:.2f}x |")
+        print("sums checked on every rank: Gloo controller, torch gloo, MPI controller")
 
 
 if __name__ == "__main__":

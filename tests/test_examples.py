@@ -11,6 +11,7 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,13 @@ SHORT_SETTINGS = {
         (["--warmup", "1", "--iters", "2", "--rounds", "1", "--hidden", "64", "--layers", "2"],
          ["2 ranks (MPI launcher)", "hvdcompat backend            engine",
           "gloo + accelerate (none)     engine", "gloo + accelerate (fp16)"]),
+    ],
+    # {port}: a free port for rank 0's TCPStore (fixed ports collide with other jobs).
+    "gloo_allreduce_benchmark.py": [
+        (["--sizes", "4KiB,1MiB", "--iters", "2", "--rounds", "1", "--port", "{port}"],
+         ["| size | hvdcompat Gloo controller | torch.distributed gloo | hvdcompat MPI",
+          "| 4KiB |", "| 1MiB |", "sums checked on every rank: Gloo controller, torch gloo, "
+          "MPI controller"]),
     ],
     "allreduce_benchmark.py": [
         (["--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--resnet-iters", "1"],
@@ -167,6 +175,12 @@ def launch(args, timeout=TIMEOUT):
     return proc.returncode, out
 
 
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_settings_name_existing_examples():
     stale = sorted(set(SHORT_SETTINGS) - set(EXAMPLES))
     assert not stale, f"SHORT_SETTINGS has entries for examples that do not exist: {stale}"
@@ -180,7 +194,8 @@ def test_example_runs_on_two_ranks(name, tmp_path):
     missing = _missing_api(name)
     assert not missing, f"examples/{name} uses hvd names that do not exist: {missing}"
     for args, expected in SHORT_SETTINGS[name]:
-        args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+        args = [a.replace("{tmp}", str(tmp_path)).replace("{port}", str(_free_port()))
+                for a in args]
         code, out = launch(["-np", "2", sys.executable, os.path.join("examples", name), *args])
         assert code == 0, f"examples/{name} {' '.join(args)} exited with {code}:\n{out}"
         for check in expected:
