@@ -4,6 +4,7 @@
 
 #include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
+#include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
@@ -328,42 +329,16 @@ void GlooBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
 
 void GlooBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) {
   const DataType wire = HostReduceType(r.dtype);
-  const size_t esize = DataTypeSize(r.dtype);
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
   Scales(r, size_, &pre, &post);
-  std::vector<std::pair<const BufferDesc*, const BufferDesc*>> tensors;  // input, output
-  std::vector<int64_t> rows, row_elems;
-  for (auto& u : units) {
-    HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      const BufferDesc& in = u.entry->inputs[t];
-      tensors.emplace_back(&in, &u.entry->outputs[t]);
-      rows.push_back(in.shape.empty() ? 1 : in.shape[0]);
-      row_elems.push_back(in.RowElements());
-    }
-  }
-  // Rank-major layout: the block every rank keeps is contiguous.
-  const ScatterLayout s = PlanReducescatter(rows, row_elems, size_);
-  char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(s.total, 1)) * wsize);
-  int64_t mine_at = 0;
-  int64_t at = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    if (rk == rank_) mine_at = at;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      ConvertScale(buf + at * wsize, wire,
-                   static_cast<const char*>(tensors[i].first->data) + s.Offset(rk, i) * esize,
-                   r.dtype, s.Count(rk, i), pre);
-      at += s.Count(rk, i);
-    }
-  }
-  AllreduceElements(buf, buf, s.total, wire, r.reduce_op);
-  at = mine_at;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    ConvertScale(tensors[i].second->data, r.dtype, buf + at * wsize, wire, s.Count(rank_, i), post,
-                 PostInDouble(r.reduce_op));
-    at += s.Count(rank_, i);
-  }
+  const ScatterTensors s = CollectReducescatter(units, size_);
+  const int64_t total = s.layout.total;
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(total, 1)) * wsize);
+  PackRankMajor(buf, wire, s, r.dtype, pre);
+  AllreduceElements(buf, buf, total, wire, r.reduce_op);
+  UnpackBlock(buf + BlockStart(s.layout, rank_) * wsize, wire, s, rank_, r.dtype, post,
+              PostInDouble(r.reduce_op));
 }
 
 }  // namespace hvdcompat

@@ -8,6 +8,7 @@
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
 #include "ops/mpi_network_ops.h"
+#include "ops/scatter_blocks.h"
 
 namespace hvdcompat {
 
@@ -415,26 +416,14 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
   Scales(r, size_, &pre, &post);
-  std::vector<std::pair<const BufferDesc*, const BufferDesc*>> tensors;  // input, output
-  std::vector<int64_t> rows, row_elems;
-  for (auto& u : units) {
-    HVD_ENFORCE(u.entry, "reducescatter on a joined rank");
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      const BufferDesc& in = u.entry->inputs[t];
-      tensors.emplace_back(&in, &u.entry->outputs[t]);
-      rows.push_back(in.shape.empty() ? 1 : in.shape[0]);
-      row_elems.push_back(in.RowElements());
-    }
-  }
-  // Rank-major layout: the block every rank receives is contiguous.
-  const ScatterLayout s = PlanReducescatter(rows, row_elems, size_);
-  const std::vector<int> counts = ToInts(s.rank_counts, "reducescatter count");
-  const int64_t total = s.total;
+  const ScatterTensors s = CollectReducescatter(units, size_);
+  const std::vector<int> counts = ToInts(s.layout.rank_counts, "reducescatter count");
+  const int64_t total = s.layout.total;
   MPI_Datatype type = ops_->Type(wire);
   MPI_Op op = ops_->Op(r.reduce_op);
-  if (tensors.size() == 1 && wire == r.dtype) {
-    const char* src = static_cast<const char*>(tensors[0].first->data);
-    void* out = tensors[0].second->data;
+  if (s.inputs.size() == 1 && wire == r.dtype) {
+    const char* src = static_cast<const char*>(s.inputs[0]->data);
+    void* out = s.outputs[0]->data;
     if (pre != 1.0) {
       char* scaled = scratch_a_.Reserve(static_cast<size_t>(total) * esize);
       ScaleCopy(scaled, src, total, r.dtype, pre);
@@ -449,25 +438,12 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
     return;
   }
   char* send = scratch_a_.Reserve(static_cast<size_t>(total) * wsize);
-  int64_t at = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      ConvertScale(send + at * wsize, wire,
-                   static_cast<const char*>(tensors[i].first->data) + s.Offset(rk, i) * esize,
-                   r.dtype, s.Count(rk, i), pre);
-      at += s.Count(rk, i);
-    }
-  }
+  PackRankMajor(send, wire, s, r.dtype, pre);
   char* recv = scratch_b_.Reserve(static_cast<size_t>(counts[rank_]) * wsize);
   MPI_Request req;
   HVD_MPI_CHECK(comm_, MPI_Ireduce_scatter(send, recv, counts.data(), type, op, comm_, &req));
   Wait(&req, "fused reducescatter");
-  at = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    ConvertScale(tensors[i].second->data, r.dtype, recv + at * wsize, wire, s.Count(rank_, i),
-                 post, PostInDouble(r.reduce_op));
-    at += s.Count(rank_, i);
-  }
+  UnpackBlock(recv, wire, s, rank_, r.dtype, post, PostInDouble(r.reduce_op));
 }
 
 }  // namespace hvdcompat
