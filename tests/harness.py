@@ -231,14 +231,29 @@ def _launch(np, argv, timeout, env, mpi_args):
 
 
 def run_pytest_ranks(np, path, timeout, env=None, check=True):
-    """Runs the pytest file `path` (relative to the repo) on `np` ranks with the rank plugin.
+    """Runs the pytest file `path` (relative to the repo; or a list of them, in one
+    session) on `np` ranks with the rank plugin.
 
     `env` adds to every rank's environment (e.g. engine knobs read at hvd.init).
     """
+    paths = [path] if isinstance(path, str) else list(path)
     # Installed plugins (hypothesis, benchmark, ...) are not used by rank
     # sessions; importing them costs every rank seconds of CPU.
     env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})}
     return run_ranks(np, [sys.executable, "-m", "pytest", "-x", "-q", "-s", "--color=no",
                           "-p", "no:cacheprovider",
-                          "-p", "rankplugin", path], timeout=timeout, env=env, check=check,
-                     what=path)
+                          "-p", "rankplugin", *paths], timeout=timeout, env=env, check=check,
+                     what=_files_label(paths))
+
+
+def _files_label(paths):
+    """`paths` in a short form for progress lines: tests/parallel/{a,b}.py."""
+    if len(paths) == 1:
+        return paths[0]
+    folder = os.path.dirname(paths[0])
+    if any(os.path.dirname(p) != folder for p in paths):
+        return " ".join(paths)
+    names = ",".join(os.path.basename(p)[len("test_"):-len(".py")]
+                     if os.path.basename(p).startswith("test_") and p.endswith(".py")
+                     else os.path.basename(p) for p in paths)
+    return f"{folder}/test_{{{names}}}.py ({len(paths)} files)"

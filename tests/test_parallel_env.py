@@ -5,7 +5,9 @@ whole job (fusion off, cache off, dynamic process sets allowed) is given to
 every rank by the launcher. The parallel files adapt their assertions to the
 configuration they find (hvdcompat.basics._core.config(),
 _core.dynamic_process_sets()), so each must pass both here and in the
-default launch of tests/test_parallel.py.
+default launch of tests/test_parallel.py. (test_process_sets.py with dynamic
+process sets allowed at launch runs there, in the launch of the files that
+allow them.)
 """
 
 import os
@@ -19,8 +21,6 @@ VARIANTS = [
     # Fusion and the response cache disabled: results identical, and the
     # counters show neither happened.
     ("test_fusion_and_cache.py", {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}),
-    # Dynamic process sets enabled at launch rather than by init(process_sets="dynamic").
-    ("test_process_sets.py", {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
     # Every tensor above 4 KiB reduced in place and split into 4 KiB MPI calls.
     ("test_allreduce.py", {"HVDCOMPAT_MAX_CALL_BYTES": "4096", "HVDCOMPAT_INPLACE_MIN_BYTES": "4096"}),
 ]
