@@ -12,12 +12,16 @@
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/context.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
 
 namespace hvdcompat {
 
 namespace {
 
 constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
+// Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here its own.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
@@ -336,9 +340,41 @@ void GlooBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units)
   const int64_t total = s.layout.total;
   char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(total, 1)) * wsize);
   PackRankMajor(buf, wire, s, r.dtype, pre);
-  AllreduceElements(buf, buf, total, wire, r.reduce_op);
+  RingReduceScatter(buf, s.layout, wire, r.reduce_op);
   UnpackBlock(buf + BlockStart(s.layout, rank_) * wsize, wire, s, rank_, r.dtype, post,
               PostInDouble(r.reduce_op));
+}
+
+// Ring reduce-scatter over the rank-major buffer: in step k (of size - 1)
+// rank r sends block (r - k - 1) to rank r + 1 and adds block (r - k - 2),
+// received from rank r - 1, into its own copy; after the last step block r
+// holds every rank's contribution. Each rank sends (size - 1) / size of the
+// payload, half of what a full allreduce would move.
+void GlooBackend::RingReduceScatter(char* buf, const ScatterLayout& layout, DataType wire,
+                                    ReduceOp op) {
+  if (size_ == 1 || layout.total == 0) return;
+  const size_t wsize = DataTypeSize(wire);
+  std::vector<size_t> start(size_ + 1, 0);
+  for (int rk = 0; rk < size_; ++rk) {
+    start[rk + 1] = start[rk] + static_cast<size_t>(layout.rank_counts[rk]) * wsize;
+  }
+  char* incoming = scratch_b_.Reserve(static_cast<size_t>(std::max<int64_t>(layout.largest, 1)) *
+                                      wsize);
+  auto out = context_->createUnboundBuffer(buf, start[size_]);
+  auto in = context_->createUnboundBuffer(incoming, std::max<size_t>(layout.largest * wsize, 1));
+  const ReduceFn reduce = ReduceFor(wire, op);
+  const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, kDataTag);
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  auto block = [&](int k) { return ((rank_ - k) % size_ + size_) % size_; };
+  for (int k = 0; k < size_ - 1; ++k) {
+    const int send = block(k + 1), recv = block(k + 2);
+    const size_t recv_bytes = start[recv + 1] - start[recv];
+    out->send(next, slot, start[send], start[send + 1] - start[send]);
+    in->recv(prev, slot, 0, recv_bytes);
+    in->waitRecv();
+    reduce(buf + start[recv], buf + start[recv], incoming, recv_bytes / wsize);
+    out->waitSend();
+  }
 }
 
 }  // namespace hvdcompat

@@ -4,8 +4,9 @@
 // and bfloat16 are widened to float32 while packing and rounded once while
 // unpacking, as on MPI). A single tensor of another type is reduced from its
 // input straight into its output; fused tensors are packed into one buffer
-// and reduced in one call. Reducescatter reduces the packed payload whole and
-// keeps this rank's block. Adasum is MPI-only.
+// and reduced in one call. Reducescatter packs every rank's block rank-major
+// and reduces it in a ring, each rank ending with its own block. Adasum is
+// MPI-only.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 
 #include "core/env.h"
 #include "negotiation/fusion.h"
+#include "ops/collective_layout.h"
 #include "ops/backend.h"
 
 namespace gloo {
@@ -40,6 +42,9 @@ class GlooBackend : public CollectiveBackend {
   // out = reduction over ranks of `in` (`in` may equal `out`), in `dtype`
   // (never a 16-bit float: those are widened first).
   void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  // Reduces `buf` (rank-major blocks of `wire` elements, `layout`) so that
+  // this rank's block holds every rank's sum; the other blocks are left partial.
+  void RingReduceScatter(char* buf, const ScatterLayout& layout, DataType wire, ReduceOp op);
   // Every rank's `counts[rk]` bytes at `send` into `recv`, by rank.
   void AllgatherBytes(const void* send, void* recv, const std::vector<int64_t>& counts);
   // Labels a failure with the op and this rank.

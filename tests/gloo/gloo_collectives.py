@@ -116,6 +116,22 @@ for dtype in [torch.float32, torch.float16, torch.int64]:
     counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
     start = sum(counts[:RANK])
     check(f"reducescatter {dtype}", got, full[start:start + counts[RANK]])
+# every reduce op, rows that leave some ranks an empty block, and a fused pair of
+# different row counts (the ring's blocks then differ in size from rank to rank)
+for name in ("average", "min", "max", "product"):
+    rows = SIZE - 1
+    got = hvd.reducescatter(value(RANK, (rows, 2), torch.float64), op=OPS[name], name=f"rs.{name}")
+    want = reference(name, (rows, 2), torch.float64)
+    check(f"reducescatter {name}", got, want[RANK:RANK + 1] if RANK < rows else want[:0])
+shapes = [(3 * SIZE + 2, 2), (SIZE + 1,)]
+got = hvd.grouped_reducescatter([value(RANK, s, torch.float32) for s in shapes], op=hvd.Sum,
+                                name="rs.grouped")
+for i, shape in enumerate(shapes):
+    rows = shape[0]
+    counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
+    start = sum(counts[:RANK])
+    check(f"grouped reducescatter {i}", got[i],
+          reference("sum", shape, torch.float32)[start:start + counts[RANK]])
 
 hvd.barrier()
 
