@@ -82,6 +82,9 @@ def test_a_killed_rank_fails_the_survivors_and_the_launch():
     assert sorted(int(r) for r, _ in survivors) == [0, 2], out
     # They fail with the engine's error instead of hanging (the launcher's line names rank 1).
     assert all(why.startswith("HorovodInternalError") for _, why in survivors), survivors
+    # ... naming the lost rank, not only the address of its closed socket.
+    assert all(why.startswith("HorovodInternalError: rank(s) 1 on host ")
+               for _, why in survivors), survivors
     assert time.monotonic() - started < 150
 
 

@@ -14,6 +14,7 @@
 #include "ops/gloo_ops.h"
 #include "ops/mpi_ops.h"
 #include "transport/gloo_transport.h"
+#include "transport/gloo_watch.h"
 
 namespace hvdcompat {
 
@@ -95,6 +96,7 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
     : id_(id),
       comm_(comm.mpi),
       gloo_(comm.gloo),
+      watch_(comm.watch),
       global_ranks_(std::move(global_ranks)),
       config_(config),
       handles_(handles),
@@ -193,6 +195,8 @@ void ProcessSetWorker::Shutdown() {
   }
   pending_hint_.store(true, std::memory_order_release);
   cv_.notify_one();
+  // The peers close this set's pairs once they are done: no loss.
+  if (watch_ && gloo_) watch_->Forget(gloo_.get());
   if (!thread_.joinable()) return;
   // Note [Ending a stuck wait]: the last cycle or a data collective may wait
   // on a peer that stopped; past the bound, the abort flag ends the wait.
@@ -210,10 +214,13 @@ void ProcessSetWorker::Shutdown() {
          << " after " << config_.shutdown_timeout_seconds
          << " s (HVDCOMPAT_SHUTDOWN_TIMEOUT_SECONDS): a peer stopped taking part in a collective "
             "it had agreed to (stopped by a signal, hung on its device, or held in a debugger). "
-            "This process will skip MPI_Finalize at exit; look at that peer.";
+         << (gloo_ ? "Gloo's waits on it were ended; look at that peer."
+                   : "This process will skip MPI_Finalize at exit; look at that peer.");
       shutdown_failure_ = os.str();
       shutdown_abort_.store(true);
       abort_.store(true);
+      // Gloo's waits do not look at the flags: failing the pairs ends them.
+      if (gloo_) GlooWatch::Abort(*gloo_, shutdown_failure_);
     }
   }
   thread_.join();
@@ -299,8 +306,9 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
        << " failed (the process exited, was killed, or lost its "
        << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
        << "; collectives cannot complete without it. Look for that rank's own error first; "
-          "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
-          "--fault-tolerant to continue with the survivors from the last commit.";
+       << (gloo_ ? "restart the job."
+                 : "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
+                   "--fault-tolerant to continue with the survivors from the last commit.");
   } else {
     os << "hvdcompat background worker" << (id_ ? " of process set " + std::to_string(id_) : std::string())
        << " on rank " << global_ranks_[rank_] << " failed";
@@ -363,7 +371,12 @@ void ProcessSetWorker::Loop() {
       }
     }
   } catch (const std::exception& e) {
-    std::string msg = DescribeFailure(e);
+    std::string msg;
+    const auto* ce = dynamic_cast<const CommunicationError*>(&e);
+    std::vector<int> lost;
+    // Gloo names an address; the watch knows which peers' pairs closed.
+    if (gloo_ && watch_ && (!ce || ce->failed_ranks().empty())) lost = watch_->Lost(gloo_);
+    msg = lost.empty() ? DescribeFailure(e) : DescribeFailure(CommunicationError(e.what(), lost));
     HVD_LOG(kError) << msg;
     FailEverything(Status::Error(StatusCode::kInternal, msg));
   }

@@ -38,13 +38,16 @@ class Context;
 
 namespace hvdcompat {
 
+class GlooWatch;
+
 // What a worker runs on: an MPI communicator (the worker owns it), or a Gloo
 // context of its own (the Gloo controller, transport/gloo_context.h).
 struct WorkerComm {
   WorkerComm(MPI_Comm c) : mpi(c) {}  // NOLINT: implicit, as callers pass communicators
-  explicit WorkerComm(std::shared_ptr<gloo::Context> c) : gloo(std::move(c)) {}
+  WorkerComm(std::shared_ptr<gloo::Context> c, GlooWatch* w) : gloo(std::move(c)), watch(w) {}
   MPI_Comm mpi = MPI_COMM_NULL;
   std::shared_ptr<gloo::Context> gloo;
+  GlooWatch* watch = nullptr;  // the job's (Note [Lost peers on Gloo]); outlives the worker
 };
 
 class ProcessSetWorker {
@@ -126,6 +129,7 @@ class ProcessSetWorker {
   const int id_;
   MPI_Comm comm_;
   std::shared_ptr<gloo::Context> gloo_;
+  GlooWatch* watch_ = nullptr;
   std::vector<int> global_ranks_;
   Config config_;
   HandleTable* handles_;

@@ -69,7 +69,8 @@ Runtime::Runtime(const InitOptions& options)
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     set_ranks_[0] = all;
-    WorkerComm comm = gloo_ ? WorkerComm(gloo_->NewContext()) : WorkerComm(mpi_->Duplicate());
+    WorkerComm comm = gloo_ ? WorkerComm(gloo_->NewContext(), &gloo_->watch())
+                            : WorkerComm(mpi_->Duplicate());
     workers_[0] = std::make_shared<ProcessSetWorker>(0, std::move(comm), all, config_, &handles_,
                                                      mpi_ ? &mpi_->ops() : nullptr, &stats_,
                                                      &timeline_, gpu_.get());
@@ -457,7 +458,8 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
     workers_[id] = std::make_shared<ProcessSetWorker>(id, set_comm, ranks, config_, &handles_,
                                                       &mpi_->ops(), &stats_, &timeline_, gpu_.get());
   } else if (set_context) {
-    workers_[id] = std::make_shared<ProcessSetWorker>(id, WorkerComm(std::move(set_context)), ranks,
+    WorkerComm comm(std::move(set_context), &gloo_->watch());
+    workers_[id] = std::make_shared<ProcessSetWorker>(id, std::move(comm), ranks,
                                                       config_, &handles_, nullptr, &stats_,
                                                       &timeline_, gpu_.get());
   }

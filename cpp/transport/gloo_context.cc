@@ -216,6 +216,10 @@ void GlooJob::Join() {
                        "is still running.");
   }
   job_ = ctx;
+  std::vector<int> all(size);
+  for (int r = 0; r < size; ++r) all[r] = r;
+  watch_ = std::make_unique<GlooWatch>();
+  watch_->Watch(job_, all, "the job");
 }
 
 void GlooJob::AllgatherFixed(const void* mine, size_t bytes, void* all) {
@@ -282,6 +286,9 @@ std::shared_ptr<gloo::Context> GlooJob::NewContext() {
     gloo::rendezvous::ContextFactory factory(job_);
     auto ctx = factory.makeContext(device_);
     ctx->setTimeout(timeout_);
+    std::vector<int> all(options_.size);
+    for (int r = 0; r < options_.size; ++r) all[r] = r;
+    watch_->Watch(ctx, all, "the job");
     return ctx;
   } catch (const gloo::Exception& e) {
     ThrowGlooError("Gloo: creating a worker's context over rank " + std::to_string(options_.rank) +
@@ -304,6 +311,7 @@ std::shared_ptr<gloo::Context> GlooJob::SubsetContext(const std::vector<int>& ra
                              options_.store->Describe() + " failed: " + e.what() +
                              ". Every rank of the set must register it.");
   }
+  watch_->Watch(ctx, ranks, "process set [" + RankList(ranks) + "]");
   return ctx;
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/gloo_watch.h"
 #include "transport/job_comm.h"
 #include "transport/key_value_store.h"
 
@@ -71,6 +72,9 @@ class GlooJob : public JobComm {
   std::shared_ptr<gloo::Context> SubsetContext(const std::vector<int>& ranks,
                                                const std::string& prefix);
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Watches every context above and the job's own (Note [Lost peers on Gloo]).
+  GlooWatch& watch() { return *watch_; }
+  const GlooOptions& options() const { return options_; }
 
  private:
   void Join();
@@ -81,6 +85,7 @@ class GlooJob : public JobComm {
   std::shared_ptr<gloo::Context> job_;
   JobTopology topo_;
   std::string address_;  // what the device bound to, for messages
+  std::unique_ptr<GlooWatch> watch_;  // last: stops before the contexts go
 };
 
 }  // namespace hvdcompat

@@ -80,3 +80,12 @@ def test_failing_store_is_named():
     assert rc == 0, dump(results)
     assert "could not write to the rendezvous store (BrokenStore at 198.18.0.1:29500)" in out, out
     assert "ConnectionRefusedError: no route" in out, out
+
+
+def test_shutdown_ends_a_wait_on_a_stopped_peer():
+    # Before Gloo's waits were abortable, hvd.shutdown() waited on the stopped peer forever.
+    results = run_ranks("gloo_stopped_peer.py", 2, timeout=120)
+    (rc0, out0), (rc1, _) = results
+    assert rc0 == 0, dump(results)
+    assert rc1 == -9, dump(results)  # stopped until rank 0 killed it
+    assert "the pending op: HorovodInternalError" in out0, out0
