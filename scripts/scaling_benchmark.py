@@ -129,7 +129,9 @@ def per_cycle(block, key):
 
 
 def print_table(rows):
-    print("\n# 4 KiB allreduce and one negotiation cycle against raw MPI (us, rank 0's median)")
+    print(f"\n# {os.cpu_count()} cores on this machine; load average "
+          + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print("# 4 KiB allreduce and one negotiation cycle against raw MPI (us, rank 0's median)")
     print(f"{'ranks':>5} {'hosts':>5} {'MPI 4 KiB':>9} {'hvd 4 KiB':>9} {'ratio':>6} "
           f"{'MPI 40 B':>8} {'cycle':>7} {'ratio':>6} {'cycles/op+barrier':>17}")
     for r in rows:
