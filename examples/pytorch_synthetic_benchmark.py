@@ -43,9 +43,15 @@ import torch.nn.functional as F
 if "--mpi4py-first" in sys.argv:
     from mpi4py import MPI  # noqa: F401  (initialises MPI before hvdcompat is imported)
 
-import hvdcompat as hvd
-from _engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart
-from _synthetic_models import build  # the models live there (Horovod's environment builds them too)
+# The benchmark helpers (scripts/benchmark_helpers/) are not examples; they sit beside the
+# repository's other benchmark scripts.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+
+import hvdcompat as hvd  # noqa: E402
+from benchmark_helpers.engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart  # noqa: E402
+# The models live there (Horovod's environment builds them too).
+from benchmark_helpers.synthetic_models import build  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -15,7 +15,7 @@ from hvdcompat.functions import *  # noqa: F401,F403
 from hvdcompat.functions import __all__ as _functions_all
 from hvdcompat.optimizer import DistributedOptimizer
 from hvdcompat.sync_batch_norm import SyncBatchNorm
-from hvdcompat.run_func import run  # Horovod's horovod.run
+from hvdcompat.runner import run  # Horovod's horovod.run (horovod.runner.run)
 from hvdcompat import mpi_ops, compression  # noqa: F401  (Horovod's submodule layout)
 from hvdcompat import functions, optimizer, sync_batch_norm  # noqa: F401
 from hvdcompat import elastic  # noqa: F401  (hvd.elastic, as horovod.torch.elastic)

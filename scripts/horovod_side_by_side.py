@@ -14,7 +14,7 @@ The table gives the median over the rounds of each job's median.
 allreduce: float32 Sum, synchronous, in place (``allreduce_``), per size;
 then ResNet-50's 161 gradients submitted asynchronously and synchronized.
 Every rank checks the reduced values against size x its own input pattern.
-train: examples/pytorch_synthetic_benchmark.py's models (examples/_synthetic_models.py)
+train: examples/pytorch_synthetic_benchmark.py's models (scripts/benchmark_helpers/synthetic_models.py)
 under DistributedOptimizer, images/sec per rank and in total.
 
 Horovod's environment: --horovod-python, else $HOROVOD_PYTHON, else
@@ -107,8 +107,8 @@ def train_worker(args, hvd):
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    from _synthetic_models import build
+    sys.path.insert(0, HERE)
+    from benchmark_helpers.synthetic_models import build
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.size()))
     torch.manual_seed(1234)

@@ -140,9 +140,8 @@ SHORT_SETTINGS = {
 }
 
 
-# Files starting with "_" are helpers the examples import, not examples.
-EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "examples", "*.py"))
-                  if not os.path.basename(p).startswith("_"))
+# Every file in examples/ is an example (the benchmarks' helpers live in scripts/benchmark_helpers/).
+EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "examples", "*.py")))
 
 
 def _missing_api(name):

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import hvdcompat as hvd
-from hvdcompat import run_elastic, run_func
+from hvdcompat.runner import run_func
+from hvdcompat.runner.elastic import run_func as elastic_run
 from hvdcompat.exceptions import HorovodInternalError
-from hvdcompat.run_func import RankFailedError
-from hvdcompat.run_task import world_rank
+from hvdcompat.runner.run_func import RankFailedError
+from hvdcompat.runner.run_task import world_rank
 from hvdcompat.runner import launch
 
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
@@ -172,7 +173,7 @@ def test_elastic_parameters_become_hvdcompatrun_elastic_flags(tmp_path):
     script = tmp_path / "discover.sh"
     parser = run_func._launcher_parser()
     tokens = run_func._launcher_options(parser, None, None, None, None, None, {}) + \
-        run_elastic.elastic_options({"min_num_proc": 2, "max_num_proc": 4, "slots": 2,
+        elastic_run.elastic_options({"min_num_proc": 2, "max_num_proc": 4, "slots": 2,
                                      "reset_limit": 3, "cooldown_range": (1, 9),
                                      "host_discovery_script": script, "elastic_timeout": 30},
                                     None, None)

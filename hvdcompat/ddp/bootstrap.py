@@ -16,7 +16,7 @@ import socket
 import torch
 
 from hvdcompat.rendezvous import launched_by_mpi, launched_by_torch
-from hvdcompat.runner.ports import free_port
+from hvdcompat.common.ports import free_port
 
 __all__ = ["ENV_VARS", "launched_by_mpi", "launched_by_torch", "bootstrap_env"]
 

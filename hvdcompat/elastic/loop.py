@@ -17,7 +17,7 @@ RESTART_EXIT_CODE = 75
 RESTART_STATE = "restart.pt"  # in HVDCOMPAT_ELASTIC_DIR, written by rank 0
 RESTART_MARK = "restart"      # written by rank 0 once RESTART_STATE is complete
 LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a shrink
-# Written by hvdcompatrun's elastic driver (hvdcompat/runner/elastic.py): DRIVER_MARK
+# Written by hvdcompatrun's elastic driver (hvdcompat/runner/elastic/driver.py): DRIVER_MARK
 # when it makes the directory, RESTART_EXPECTED (the restart mark's time) before
 # it relaunches the job to continue from RESTART_STATE.
 DRIVER_MARK = "driver"

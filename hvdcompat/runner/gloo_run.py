@@ -307,7 +307,7 @@ def run_gloo(args, command, plan_common, supervisor):
     cwd = os.getcwd()
     master = None
     if all(spec.local for spec in specs):
-        from hvdcompat.runner.ports import free_port
+        from hvdcompat.common.ports import free_port
 
         master = (environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT") or free_port())
     for spec in specs:

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import time
 
-from hvdcompat.runner import elastic as _elastic
+from hvdcompat.runner.elastic import driver as _elastic
 from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import gloo_run as _gloo_run
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
-from hvdcompat.runner import ports as _ports
+from hvdcompat.common import ports as _ports
 from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner import tuning as _tuning
 

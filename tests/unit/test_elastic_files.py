@@ -12,7 +12,7 @@ import torch
 
 from hvdcompat.elastic import ObjectState
 from hvdcompat.elastic import loop as loop_mod
-from hvdcompat.runner import elastic
+from hvdcompat.runner.elastic import driver as elastic
 from hvdcompat.runner.hosts import Host
 
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from hvdcompat.runner import elastic, launch
+from hvdcompat.runner import launch
+from hvdcompat.runner.elastic import driver as elastic
 from hvdcompat.runner.hosts import Host, HostListError
 from hvdcompat.runner.mpirun_command import FAULT_TOLERANT_ARGS
 

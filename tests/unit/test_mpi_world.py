@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from harness import REPO
-from hvdcompat import basics, rendezvous, run_task
+from hvdcompat import basics, rendezvous
+from hvdcompat.runner import run_task
 from hvdcompat.runner import mpi_world, rank_supervisor
 
 LAUNCHERS = {

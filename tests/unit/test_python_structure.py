@@ -304,3 +304,43 @@ def test_no_mutable_module_state_outside_the_session():
         f"state]); keep it in the session, or list it in PROCESS_STATE with why: {unexpected}")
     stale = set(PROCESS_STATE) - set(found)
     assert not stale, f"PROCESS_STATE lists state that is gone: {sorted(stale)}"
+
+
+# Horovod's layout for the launchers: hvdcompatrun and hvd.run are hvdcompat.runner (as
+# horovodrun and horovod.run are horovod.runner), nothing of them at the package's top level.
+# The library below them imports from them only what is listed here, with why.
+LIBRARY_IMPORTS_OF_THE_LAUNCHERS = {
+    ("hvdcompat", "hvdcompat.runner"):
+        "hvd.run is hvdcompat.runner.run, re-exported as Horovod re-exports horovod.runner.run",
+    ("hvdcompat.horovod_alias", "hvdcompat.runner.launch"):
+        "the alias's horovod.runner.launch is hvdcompatrun's entry point",
+    ("hvdcompat.basics", "hvdcompat.runner.mpi_world"):
+        "init reads the rank's place from the variables MPI launchers set (one list of them)",
+    ("hvdcompat.rendezvous", "hvdcompat.runner.mpi_world"):
+        "the Gloo rendezvous reads the rank's place from the same list",
+}
+
+
+def test_the_launchers_live_under_runner():
+    top = sorted(m for m in SOURCES if m.count(".") == 1
+                 and m.split(".")[1].startswith(("run_", "elastic_run", "ports")))
+    assert not top, f"launcher modules at the package's top level (they belong in runner/): {top}"
+    for module in ("hvdcompat.runner.run_func", "hvdcompat.runner.run_task",
+                   "hvdcompat.runner.run_job", "hvdcompat.runner.elastic.driver",
+                   "hvdcompat.runner.elastic.run_func", "hvdcompat.runner.common.channel",
+                   "hvdcompat.common.ports"):
+        assert module in SOURCES, module
+
+
+def test_the_library_imports_the_launchers_only_where_listed():
+    graph = import_graph()
+    found = {(m, target) for m, edges in graph.items()
+             if not m.startswith("hvdcompat.runner") for target in edges
+             if target == "hvdcompat.runner" or target.startswith("hvdcompat.runner.")}
+    unexpected = found - set(LIBRARY_IMPORTS_OF_THE_LAUNCHERS)
+    assert not unexpected, (
+        f"library modules importing the launchers: {sorted(unexpected)}; what both need goes "
+        "into hvdcompat/common/")
+    stale = set(LIBRARY_IMPORTS_OF_THE_LAUNCHERS) - found
+    assert not stale, f"LIBRARY_IMPORTS_OF_THE_LAUNCHERS lists imports that are gone: {stale}"
+    assert all(not t.startswith("hvdcompat.runner") for t in graph["hvdcompat.common.ports"])

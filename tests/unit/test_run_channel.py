@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from hvdcompat import run_channel
-from hvdcompat.run_channel import AuthenticationError, ChannelError
+from hvdcompat.runner.common import channel as run_channel
+from hvdcompat.runner.common.channel import AuthenticationError, ChannelError
 
 _LENGTH = struct.Struct("!Q")
 
@@ -265,7 +265,7 @@ def test_a_thread_that_cannot_start_drops_one_connection_not_the_listener(driver
 
 
 def test_the_driver_listens_only_on_the_addresses_it_gives_the_ranks():
-    from hvdcompat import run_func
+    from hvdcompat.runner import run_func
     from hvdcompat.runner.hosts import Host
 
     assert run_func._driver_addresses([Host("localhost", 2)]) == ["127.0.0.1"]

@@ -1,9 +1,9 @@
 """One rank of a :func:`hvdcompat.run` job.
 
-    python -m hvdcompat.run_task --driver HOST[,HOST...]:PORT [--horovod-alias]
+    python -m hvdcompat.runner.run_task --driver HOST[,HOST...]:PORT [--horovod-alias]
 
 ``hvdcompat.run`` starts this on every rank through mpirun. It connects to
-the driver (see Note [Run channel] in ``hvdcompat/run_channel.py``), says
+the driver (see Note [Run channel] in ``hvdcompat/runner/common/channel.py``), says
 which rank it is, receives the pickled function, runs it and sends back the
 return value, or the exception and its traceback.
 
@@ -21,7 +21,7 @@ import traceback
 
 import cloudpickle
 
-from hvdcompat import run_channel
+from hvdcompat.runner.common import channel
 from hvdcompat.runner import mpi_world
 
 __all__ = ["world_rank", "main"]
@@ -36,13 +36,13 @@ def world_rank(environ=None):
     rank = mpi_world.world_rank(environ)
     if rank is not None:
         return rank
-    raise RuntimeError("hvdcompat.run_task: no MPI rank in the environment (none of "
+    raise RuntimeError("hvdcompat.runner.run_task: no MPI rank in the environment (none of "
                        + ", ".join(mpi_world.RANK) + " is set); it is started by hvdcompat.run "
                        "through mpirun, not by hand")
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m hvdcompat.run_task")
+    parser = argparse.ArgumentParser(prog="python -m hvdcompat.runner.run_task")
     parser.add_argument("--driver", required=True, metavar="HOST[,HOST...]:PORT")
     parser.add_argument("--start-timeout", type=float, default=30.0)
     parser.add_argument("--horovod-alias", action="store_true",
@@ -79,13 +79,13 @@ def _final_place():
 def main(argv=None):
     """Runs this rank's share of the job; returns the exit code."""
     args, hosts, port = _parse(sys.argv[1:] if argv is None else argv)
-    secret = bytes.fromhex(os.environ.pop(run_channel.SECRET_ENV, ""))
+    secret = bytes.fromhex(os.environ.pop(channel.SECRET_ENV, ""))
     if not secret:
-        print(f"hvdcompat.run_task: {run_channel.SECRET_ENV} is not set; this module is started by "
+        print(f"hvdcompat.runner.run_task: {channel.SECRET_ENV} is not set; this module is started by "
               "hvdcompat.run, not by hand", file=sys.stderr)
         return 2
     rank = world_rank()
-    conn = run_channel.connect(hosts, port, secret, args.start_timeout)
+    conn = channel.connect(hosts, port, secret, args.start_timeout)
     conn.send({"kind": "hello", "rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
     payload = conn.recv_bytes()
     try:

@@ -4,28 +4,32 @@ Horovod's ``horovod.run`` with the same parameters. The job is launched by
 hvdcompatrun's own code: the parameters become hvdcompatrun options (with
 horovodrun's names), parsed by its parser and turned into the mpirun line by
 :func:`hvdcompat.runner.launch.plan_launch`, so a job started here is launched
-exactly as ``hvdcompatrun -np N -H ... python -m hvdcompat.run_task`` would
+exactly as ``hvdcompatrun -np N -H ... python -m hvdcompat.runner.run_task`` would
 be. Every rank then fetches the pickled function from this process over the
-channel of Note [Run channel] (``hvdcompat/run_channel.py``), runs it and
+channel of Note [Run channel] (``hvdcompat/runner/common/channel.py``), runs it and
 sends back its return value or its exception.
 
 This module turns the parameters into hvdcompatrun's options and launches a
 plain job with one mpirun; an elastic job (any of :data:`ELASTIC_PARAMETERS`)
-is launched by :mod:`hvdcompat.run_elastic`. How a job is started, watched
-and its reports turned into errors is :mod:`hvdcompat.run_job`, for both.
+is launched by :mod:`hvdcompat.runner.elastic.run_func`. How a job is started, watched
+and its reports turned into errors is :mod:`hvdcompat.runner.run_job`, for both.
 """
 
+import argparse
 import os
 import shlex
 import subprocess
 import warnings
+from typing import NamedTuple
 
 import cloudpickle
 
-from hvdcompat import run_channel, run_elastic, run_job
 from hvdcompat.exceptions import HorovodInternalError
-from hvdcompat.run_elastic import ELASTIC_PARAMETERS
-from hvdcompat.run_job import RankFailedError
+from hvdcompat.runner import run_job
+from hvdcompat.runner.common import channel
+from hvdcompat.runner.elastic import run_func as elastic_run
+from hvdcompat.runner.elastic.run_func import ELASTIC_PARAMETERS
+from hvdcompat.runner.run_job import RankFailedError
 
 __all__ = ["run", "RankFailedError", "ELASTIC_PARAMETERS", "DEFAULT_START_TIMEOUT_S"]
 
@@ -95,7 +99,7 @@ def _driver_addresses(host_list, network_interface=None):
     if all_local(host_list):
         return ["127.0.0.1"]
     if network_interface:
-        found = run_channel.interface_addresses(network_interface.split(","))
+        found = channel.interface_addresses(network_interface.split(","))
         if not found:
             raise ValueError(f"hvdcompat.run(network_interface={network_interface!r}): no IPv4 "
                              "address of this machine is on that interface; name one that "
@@ -104,7 +108,7 @@ def _driver_addresses(host_list, network_interface=None):
     found, unrouted = [], []
     for host in host_list:
         if not is_local_host(host.name):
-            address = run_channel.route_address(host.name)
+            address = channel.route_address(host.name)
             if address is None:
                 unrouted.append(host.name)
             elif address not in found:
@@ -183,6 +187,87 @@ def _rank_reports(results, failures, num_proc, hosts_of, lost, problems, code):
             "ranks' output is above.\n"
             + run_job.describe_missing(num_proc, hosts_of, results, lost, problems, code))
     return [results[rank] for rank in range(num_proc)]
+
+
+class _Plan(NamedTuple):
+    """A checked ``run()`` call, ready to launch."""
+    options: argparse.Namespace  # hvdcompatrun's options, as its parser made them
+    payload: bytes  # the pickled (func, args, kwargs)
+    num_proc: int  # 0: an elastic job whose discovery decides
+    elastic: bool
+    timeout: float  # seconds every rank has to start and connect back
+    addresses: list  # where the driver listens for the ranks
+
+
+def _validated_plan(func, args, kwargs, num_proc, elastic, hosts, hostfile, start_timeout,
+                    use_gloo, use_mpi, mpi_args, verbose, extra):
+    """Checks run()'s parameters and turns them into a :class:`_Plan`; launches nothing.
+
+    ``elastic`` holds the elastic parameters given (by name), ``extra`` the ssh and network
+    parameters given. Raises the ValueError or TypeError that run() documents.
+    """
+    if not callable(func):
+        raise TypeError(f"hvdcompat.run: func must be callable, got {type(func).__name__}")
+    kwargs = {} if kwargs is None else kwargs
+    if hosts is not None and hostfile is not None:
+        raise ValueError("hvdcompat.run: give hosts or hostfile, not both")
+    if use_gloo and use_mpi:
+        raise ValueError("hvdcompat.run: use_gloo and use_mpi cannot both be True")
+    if use_gloo:
+        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat.run starts its ranks with "
+                         "mpirun only. Leave use_gloo unset (or pass use_mpi=True), or run a "
+                         "script on the Gloo controller with hvdcompatrun --gloo or torchrun.")
+    discovery = elastic.get("host_discovery_script")
+    if num_proc is None and not (elastic and (hosts or hostfile or discovery)):
+        num_proc = 1
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int)
+                                 or num_proc < 1):
+        raise ValueError(f"hvdcompat.run: num_proc must be a whole number of ranks >= 1, got "
+                         f"{num_proc!r}")
+    timeout = _start_timeout(start_timeout)
+    try:
+        payload = cloudpickle.dumps((func, tuple(args), dict(kwargs)))
+    except Exception as e:
+        raise TypeError(f"hvdcompat.run: func and its arguments must be picklable with "
+                        f"cloudpickle to reach the ranks: {type(e).__name__}: {e}") from e
+
+    parser = _launcher_parser()
+    tokens = _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
+    if elastic:
+        tokens += elastic_run.elastic_options(elastic, hosts, hostfile)
+    options = parser.parse_args(tokens)
+    if discovery is not None:
+        host_list = elastic_run.discovered_hosts(options)
+    else:
+        host_list = _host_list(hosts, hostfile)
+    addresses = _driver_addresses(host_list, extra.get("network_interface"))
+    return _Plan(options, payload, num_proc or 0, bool(elastic), timeout, addresses)
+
+
+def _launch_plan(plan, executable, output_filename, verbose):
+    """Launches a checked plan, waits for the job and returns the ranks' values."""
+    job = run_job.Job(plan.num_proc, plan.payload)
+    secret = channel.new_secret()
+    listener = channel.Listener(plan.addresses, secret, job.handle)
+    launch = elastic_run.launch if plan.elastic else _launch
+    try:
+        code = launch(plan.options, listener, job, secret, plan.timeout, plan.addresses,
+                      executable, output_filename, verbose)
+    finally:
+        listener.stop()
+
+    hosts_of, results, failures, lost, problems = job.snapshot()
+    reports_of = elastic_run.final_reports if plan.elastic else _rank_reports
+    reports = reports_of(results, failures, job.num_proc, hosts_of, lost, problems, code)
+    values = []
+    for index, report in enumerate(reports):
+        try:
+            values.append(cloudpickle.loads(report["value"]))
+        except Exception as e:
+            raise HorovodInternalError(
+                f"hvdcompat.run: the return value of rank {index} cannot be unpickled here "
+                f"({type(e).__name__}: {e}); return types importable in this process") from e
+    return values
 
 
 def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
@@ -276,66 +361,12 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc, None)
     if max_np is not None:
         max_num_proc = _deprecated("max_np", "max_num_proc", max_np, max_num_proc, None)
-    if not callable(func):
-        raise TypeError(f"hvdcompat.run: func must be callable, got {type(func).__name__}")
-    kwargs = {} if kwargs is None else kwargs
-    if hosts is not None and hostfile is not None:
-        raise ValueError("hvdcompat.run: give hosts or hostfile, not both")
-    if use_gloo and use_mpi:
-        raise ValueError("hvdcompat.run: use_gloo and use_mpi cannot both be True")
-    if use_gloo:
-        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat.run starts its ranks with "
-                         "mpirun only. Leave use_gloo unset (or pass use_mpi=True), or run a "
-                         "script on the Gloo controller with hvdcompatrun --gloo or torchrun.")
     elastic = {name: value for name, value in zip(
         ELASTIC_PARAMETERS, (min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
                              host_discovery_script, elastic_timeout))
         if value is not None}
-    if num_proc is None and not (elastic and (hosts or hostfile or host_discovery_script)):
-        num_proc = 1
-    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int)
-                                 or num_proc < 1):
-        raise ValueError(f"hvdcompat.run: num_proc must be a whole number of ranks >= 1, got "
-                         f"{num_proc!r}")
-    timeout = _start_timeout(start_timeout)
-    try:
-        payload = cloudpickle.dumps((func, tuple(args), dict(kwargs)))
-    except Exception as e:
-        raise TypeError(f"hvdcompat.run: func and its arguments must be picklable with "
-                        f"cloudpickle to reach the ranks: {type(e).__name__}: {e}") from e
-
     extra = {k: v for k, v in (("ssh_port", ssh_port), ("ssh_identity_file", ssh_identity_file),
                                ("network_interface", network_interface)) if v is not None}
-    parser = _launcher_parser()
-    tokens = _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
-    if elastic:
-        tokens += run_elastic.elastic_options(elastic, hosts, hostfile)
-    options = parser.parse_args(tokens)
-    if host_discovery_script is not None:
-        host_list = run_elastic.discovered_hosts(options)
-    else:
-        host_list = _host_list(hosts, hostfile)
-    addresses = _driver_addresses(host_list, network_interface)
-
-    job = run_job.Job(num_proc or 0, payload)
-    secret = run_channel.new_secret()
-    listener = run_channel.Listener(addresses, secret, job.handle)
-    launch = run_elastic.launch if elastic else _launch
-    try:
-        code = launch(options, listener, job, secret, timeout, addresses, executable,
-                      output_filename, verbose)
-    finally:
-        listener.stop()
-
-    hosts_of, results, failures, lost, problems = job.snapshot()
-    reports_of = run_elastic.final_reports if elastic else _rank_reports
-    reports = reports_of(results, failures, job.num_proc, hosts_of, lost, problems, code)
-    values = []
-    for index, report in enumerate(reports):
-        try:
-            values.append(cloudpickle.loads(report["value"]))
-        except Exception as e:
-            raise HorovodInternalError(
-                f"hvdcompat.run: the return value of rank {index} cannot be unpickled here "
-                f"({type(e).__name__}: {e}); return types importable in this process") from e
-    return values
+    plan = _validated_plan(func, args, kwargs, num_proc, elastic, hosts, hostfile, start_timeout,
+                           use_gloo, use_mpi, mpi_args, verbose, extra)
+    return _launch_plan(plan, executable, output_filename, verbose)

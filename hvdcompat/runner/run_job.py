@@ -1,11 +1,11 @@
 """One job of :func:`hvdcompat.run`, as both of its launch paths start and watch it.
 
-The mpirun line that starts every rank's :mod:`hvdcompat.run_task`
+The mpirun line that starts every rank's :mod:`hvdcompat.runner.run_task`
 (:func:`plan`), what the ranks report over the channel of Note [Run channel]
 (:class:`Job`), waiting for mpirun (:func:`collect`, :func:`stop`), and the
 errors those reports become (:class:`RankFailedError`, :func:`failure_error`,
-:func:`describe_missing`). :mod:`hvdcompat.run_func` launches the job with
-one mpirun, :mod:`hvdcompat.run_elastic` under hvdcompatrun's elastic driver.
+:func:`describe_missing`). :mod:`hvdcompat.runner.run_func` launches the job with
+one mpirun, :mod:`hvdcompat.runner.elastic.run_func` under hvdcompatrun's elastic driver.
 """
 
 import os
@@ -17,7 +17,7 @@ import time
 
 import cloudpickle
 
-from hvdcompat import run_channel
+from hvdcompat.runner.common import channel
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["RankFailedError", "Job", "plan", "collect", "stop", "describe_missing",
@@ -75,7 +75,7 @@ class Job:
     def handle(self, conn):
         try:
             hello = conn.recv()
-        except run_channel.ChannelError:
+        except channel.ChannelError:
             return
         rank = hello.get("rank") if isinstance(hello, dict) else None
         with self._lock:
@@ -91,7 +91,7 @@ class Job:
         try:
             conn.send_bytes(self._payload)
             report = conn.recv()
-        except run_channel.ChannelError as e:
+        except channel.ChannelError as e:
             with self._lock:
                 self._lost[rank] = str(e)
             return
@@ -124,13 +124,13 @@ def plan(options, port, addresses, secret, timeout, executable, output_filename,
     """The mpirun argv and environment that start every rank's run_task."""
     from hvdcompat.runner import launch
 
-    command = [executable or sys.executable, "-m", "hvdcompat.run_task",
+    command = [executable or sys.executable, "-m", "hvdcompat.runner.run_task",
                "--driver", f"{','.join(addresses)}:{port}", "--start-timeout", f"{timeout:g}"]
     if _alias_active():
         command.append("--horovod-alias")
     environ = dict(os.environ)
     environ.update(extra_env or {})
-    environ[run_channel.SECRET_ENV] = secret.hex()
+    environ[channel.SECRET_ENV] = secret.hex()
     environ["PYTHONPATH"] = _rank_pythonpath(environ)
     try:
         cmd, env = launch.plan_launch(options, command, environ=environ, relayed=False)
@@ -157,8 +157,9 @@ def _rank_pythonpath(environ):
 
     entries = environ.get("PYTHONPATH", "").split(os.pathsep) if environ.get("PYTHONPATH") else []
     wanted = []
-    # This module sits at the package's top level: its directory's parent holds the package.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # This module is hvdcompat/runner/run_job.py: three levels up is the directory holding the
+    # package.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if package_root not in site.getsitepackages():
         wanted.append(package_root)
     # Functions from modules beside the script are pickled by reference; the

@@ -1,4 +1,4 @@
-"""allreduce_benchmark.py --hosts: the cluster rows (a helper of that example, not one itself).
+"""examples/allreduce_benchmark.py --hosts: the cluster rows (a helper of that benchmark).
 
 The driver (``main``) builds two test hosts (tests/cluster/testhosts.py, root),
 and for every layout and link rate launches one job of ``worker`` under
@@ -15,8 +15,7 @@ import statistics
 import sys
 import time
 
-EXAMPLES = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(EXAMPLES)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Horovod 0.28.1's defaults and transport on our engine: 1 ms cycle, 64 MiB
 # fusion buffer, every fused response in one MPI call (no pipelined chunks, no
@@ -39,7 +38,7 @@ def worker(args):
 
     import allreduce_benchmark as bench
     import hvdcompat as hvd
-    from _engine_restart import restart
+    from benchmark_helpers.engine_restart import restart
 
     hvd.init()
     launch_env = {k: os.environ.get(k) for k in HOROVOD_CONFIGURATION}

@@ -2,10 +2,10 @@
 
 The parameters become hvdcompatrun's elastic flags (:func:`elastic_options`)
 and the job runs under hvdcompatrun's elastic driver (:func:`launch`), so it
-is launched as ``hvdcompatrun --min-np ... python -m hvdcompat.run_task``
+is launched as ``hvdcompatrun --min-np ... python -m hvdcompat.runner.run_task``
 would be. A rank whose training inside ``hvd.elastic.run`` fails leaves the
 job and the others continue without it; the values :func:`hvdcompat.run` returns are the final world's
-(:func:`final_reports`). The job itself is :mod:`hvdcompat.run_job`'s, as in
+(:func:`final_reports`). The job itself is :mod:`hvdcompat.runner.run_job`'s, as in
 the plain launch.
 """
 
@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 
-from hvdcompat import run_job
+from hvdcompat.runner import run_job
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["ELASTIC_PARAMETERS", "elastic_options", "discovered_hosts", "launch", "final_reports"]
@@ -64,7 +64,7 @@ def elastic_options(settings, hosts, hostfile):
 
 def discovered_hosts(options):
     """The hosts the discovery script offers now (for the addresses the ranks call back on)."""
-    from hvdcompat.runner import elastic as _elastic
+    from hvdcompat.runner.elastic import driver as _elastic
     from hvdcompat.runner import hosts as _hosts
 
     try:
@@ -76,7 +76,7 @@ def discovered_hosts(options):
 def launch(options, listener, job, secret, timeout, addresses, executable, output_filename,
            verbose):
     """Runs the job under hvdcompatrun's elastic driver; returns mpirun's exit code."""
-    from hvdcompat.runner.elastic import ElasticDriver
+    from hvdcompat.runner.elastic.driver import ElasticDriver
 
     codes = []
 
