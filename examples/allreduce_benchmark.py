@@ -30,15 +30,11 @@ mpi4py first do), so nothing hvdcompat could set at import reaches MPI.
 builds two test hosts on this machine (network namespaces joined by a bridge,
 tests/cluster/testhosts.py) and, for the layouts 2 hosts x 1 rank and
 2 hosts x 2 ranks with the host links unlimited and limited to 1 Gbit/s (tbf),
-times the ResNet-50 set (in place, async then synchronize) in one job per row:
-hvdcompat's default engine against the same engine in Horovod's configuration
-(HOROVOD_CYCLE_TIME=1, 64 MiB fusion, one call per fused buffer: no chunking,
-no call split, the single-host transport), in alternating rounds, each also
-with fp16 compression, next to the link floor (each host sends and receives
-the set once). Then examples/pytorch_synthetic_benchmark.py trains on
-2 hosts x 1 rank with both configurations. Horovod itself is not installed
-here (0.28.1 does not build against this torch), hence its configuration on
-our engine.
+times the ResNet-50 set (in place, async then synchronize; then fp16-compressed)
+in alternating jobs of hvdcompat and of Horovod 0.28.1 itself (each at its
+defaults, launched by its own environment's mpirun; --horovod-python), next to
+the link floor (each host sends and receives the set once). Then the synthetic
+training benchmark's MLP trains on 2 hosts x 1 rank with both.
 --pool-compare times those in-place and out-of-place rows on engines with the
 output pool on (the default) and off (HVDCOMPAT_OUTPUT_POOL_BYTES=0, every
 output a fresh torch.empty, as before the pool), in --pool-rounds alternating
@@ -72,56 +68,13 @@ if __name__ == "__main__" and "--hosts" in sys.argv:
     sys.exit(cluster_rows.main(sys.argv[1:]))
 
 import hvdcompat as hvd
+from benchmark_helpers.bench_common import human, parse_size, resnet50_shapes, timeit  # noqa: F401
 from benchmark_helpers.engine_restart import AUTOTUNE_KNOBS, TUNED_KNOBS, restart
 
 try:
     from mpi4py import MPI
 except ImportError:  # the table then has no raw MPI column
     MPI = None
-
-
-def parse_size(text):
-    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "B": 1}
-    t = text.strip().upper()
-    for u, f in units.items():
-        if t.endswith(u):
-            return int(float(t[: -len(u)]) * f)
-    return int(t)
-
-
-def human(n):
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f:
-            return f"{n / f:g} {unit}"
-    return f"{n} B"
-
-
-def resnet50_shapes():
-    """Parameter shapes of torchvision's ResNet-50 (161 tensors, 25,557,032 floats)."""
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
-                       (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
-            if b == 0:
-                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
-            inplanes = planes * 4
-    shapes += [(1000, 2048), (1000,)]
-    return shapes
-
-
-def timeit(fn, iters, warmup, barrier):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 class Heartbeat:

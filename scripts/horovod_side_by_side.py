@@ -1,7 +1,8 @@
 """hvdcompat against Horovod 0.28.1 itself, measured in the same run on this machine.
 
     python scripts/horovod_side_by_side.py allreduce -np 2
-    python scripts/horovod_side_by_side.py train -np 2 --model resnet --batch-size 32
+    python scripts/horovod_side_by_side.py train -np 2 --model resnet --batch-size 32 --ceiling
+    python scripts/horovod_side_by_side.py ddp -np 2
     python scripts/horovod_side_by_side.py allreduce --horovod-python /path/venv/bin/python
 
 One worker script, two environments: the same code (``hvd`` is
@@ -11,11 +12,17 @@ hvdcompat, Horovod, ...), each launched by its own environment's mpirun
 (each was built against its own MPI; two MPIs cannot share a process).
 The table gives the median over the rounds of each job's median.
 
-allreduce: float32 Sum, synchronous, in place (``allreduce_``), per size;
-then ResNet-50's 161 gradients submitted asynchronously and synchronized.
-Every rank checks the reduced values against size x its own input pattern.
+allreduce: float32 Sum, synchronous, in place (``allreduce_``) and out of
+place (``allreduce``), per size; then ResNet-50's 161 gradients submitted
+asynchronously and synchronized; raw MPI (mpi4py Allreduce in place) in
+hvdcompat's job. Every rank checks the reduced values.
 train: examples/pytorch_synthetic_benchmark.py's models (scripts/benchmark_helpers/synthetic_models.py)
-under DistributedOptimizer, images/sec per rank and in total.
+under DistributedOptimizer, images/sec per rank and in total; --ceiling adds
+the no-communication ceiling (every rank trains its own copy with the plain
+optimizer) in rounds alternating with DistributedOptimizer's in each job.
+ddp: examples/pytorch_ddp_benchmark.py's MLP, steps/s: DDP on gloo, on the
+hvdcompat backend and on gloo with the accelerate hook in hvdcompat's job
+(Horovod has no DDP backend), and DistributedOptimizer in both jobs.
 
 Horovod's environment: --horovod-python, else $HOROVOD_PYTHON, else
 /tmp/horovod-anchor/venv/bin/python (what ../shared/anchors/build_horovod.sh
@@ -34,7 +41,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 ROW = "SIDE-BY-SIDE "
-DEFAULT_HOROVOD = "/tmp/horovod-anchor/venv/bin/python"
 
 
 def parse_size(text):
@@ -76,6 +82,13 @@ def allreduce_worker(args, hvd):
     r, n = hvd.rank(), hvd.size()
     barrier = lambda: hvd.allreduce(torch.zeros(1), name="side.barrier")  # noqa: E731
     row = {"impl": args.impl, "ranks": n}
+    comm = None
+    if args.impl == "hvdcompat":
+        try:  # raw MPI's time, in the same job (after hvd.init, which started MPI)
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        except ImportError:
+            pass
     for size in args.sizes.split(","):
         count = parse_size(size) // 4
         x = torch.ones(count)
@@ -87,6 +100,19 @@ def allreduce_worker(args, hvd):
         row[size] = median_ms(once, args.iters, args.warmup, barrier)
         if not torch.equal(x[:16], torch.full((min(16, count),), float(n))):
             raise AssertionError(f"{args.impl} rank {r}: {size} sum is {x[:4]}, want {n}")
+        out = [None]
+
+        def out_of_place(x=x, size=size, out=out):
+            out[0] = None  # the previous output goes back before the next is made
+            out[0] = hvd.allreduce(x, op=hvd.Sum, name=f"side.out.{size}")
+
+        row["out " + size] = median_ms(out_of_place, args.iters, args.warmup, barrier)
+        if not torch.equal(out[0][:16], x[:16] * n):
+            raise AssertionError(f"{args.impl} rank {r}: {size} out-of-place sum is wrong")
+        if comm is not None:
+            a = x.numpy()
+            row["mpi " + size] = median_ms(lambda a=a: comm.Allreduce(MPI.IN_PLACE, a),
+                                           args.iters, args.warmup, comm.Barrier)
     grads = [torch.ones(s) for s in resnet50_shapes()]
 
     def resnet_set():
@@ -104,6 +130,8 @@ def allreduce_worker(args, hvd):
 
 
 def train_worker(args, hvd):
+    """Images/sec under DistributedOptimizer; with --ceiling, in alternating rounds with the
+    same model trained by every rank alone (plain optimizer, no gradient exchange)."""
     import torch
     import torch.nn.functional as F
 
@@ -111,38 +139,129 @@ def train_worker(args, hvd):
     from benchmark_helpers.synthetic_models import build
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.size()))
-    torch.manual_seed(1234)
-    model, data, target, unit = build(args)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
 
-    def batch():
-        opt.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        opt.step()
+    def trainer(distributed):
+        torch.manual_seed(1234)
+        model, data, target, unit = build(args)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
 
-    for _ in range(args.num_warmup_batches):
-        batch()
-    rates = []
-    for _ in range(args.num_iters):
-        hvd.allreduce(torch.zeros(1), name="side.align")
-        t0 = time.perf_counter()
-        for _ in range(args.num_batches_per_iter):
+        def batch():
+            opt.zero_grad()
+            F.cross_entropy(model(data), target).backward()
+            opt.step()
+
+        for _ in range(args.num_warmup_batches):
             batch()
-        rates.append(args.batch_size * args.num_batches_per_iter / (time.perf_counter() - t0))
-    mine = statistics.median(rates)
-    total = hvd.allreduce(torch.tensor([mine], dtype=torch.float64), op=hvd.Sum,
-                          name="side.total").item()
-    return {"impl": args.impl, "ranks": hvd.size(), "unit": unit,
-            "per_rank": mine, "total": total}
+        return batch, unit
+
+    kinds = (["ceiling"] if args.ceiling else []) + ["distributed"]
+    batches = {k: trainer(k == "distributed") for k in kinds}
+    unit = batches["distributed"][1]
+    rates = {k: [] for k in kinds}
+    for _ in range(args.ceiling_rounds if args.ceiling else 1):
+        for kind in kinds:
+            batch = batches[kind][0]
+            for _ in range(args.num_iters):
+                hvd.allreduce(torch.zeros(1), name="side.align")
+                t0 = time.perf_counter()
+                for _ in range(args.num_batches_per_iter):
+                    batch()
+                rates[kind].append(args.batch_size * args.num_batches_per_iter /
+                                   (time.perf_counter() - t0))
+    row = {"impl": args.impl, "ranks": hvd.size(), "unit": unit}
+    for kind in kinds:
+        mine = statistics.median(rates[kind])
+        total = hvd.allreduce(torch.tensor([mine], dtype=torch.float64), op=hvd.Sum,
+                              name=f"side.total.{kind}").item()
+        prefix = "" if kind == "distributed" else "ceiling_"
+        row.update({prefix + "per_rank": mine, prefix + "total": total})
+    return row
+
+
+def ddp_worker(args, hvd):
+    """Steps/s of examples/pytorch_ddp_benchmark.py's MLP: DDP on gloo, on the hvdcompat
+    backend and with the accelerate hook (hvdcompat's job only: Horovod has no DDP
+    backend), and DistributedOptimizer
+    (both), in alternating rounds; the slowest rank's time counts."""
+    import torch
+    import torch.nn as nn
+
+    torch.set_num_threads(1)
+    r = hvd.rank()
+
+    def build():
+        torch.manual_seed(0)
+        layers = [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+        for _ in range(args.layers - 1):
+            layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(args.hidden, 10))
+
+    gen = torch.Generator().manual_seed(1000 + r)
+    x = torch.randn(args.batch_size, args.hidden, generator=gen)
+    y = torch.randint(0, 10, (args.batch_size,), generator=gen)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def stepper(model, opt):
+        def step():
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        return step
+
+    configs = {}
+    if args.impl == "hvdcompat":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import hvdcompat.ddp  # noqa: F401  (fills RANK, MASTER_ADDR, ... under mpirun)
+
+        dist.init_process_group("gloo")
+        m = DDP(build())
+        configs["DDP on gloo"] = stepper(m, torch.optim.SGD(m.parameters(), lr=0.01))
+        group = dist.new_group(backend="hvdcompat")
+        m = DDP(build(), process_group=group)
+        configs["DDP on the hvdcompat backend"] = stepper(m, torch.optim.SGD(m.parameters(),
+                                                                             lr=0.01))
+        from hvdcompat.ddp import hooks
+
+        m = DDP(build())
+        hooks.register(m, compression="none")  # what `import hvdcompat.ddp.accelerate` installs
+        configs["DDP on gloo + accelerate hook"] = stepper(m, torch.optim.SGD(m.parameters(),
+                                                                              lr=0.01))
+    m = build()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
+                                   named_parameters=m.named_parameters())
+    configs["DistributedOptimizer"] = stepper(m, opt)
+    rates = {k: [] for k in configs}
+    for _ in range(args.ddp_rounds):
+        for label, step in configs.items():
+            for _ in range(args.warmup):
+                step()
+            hvd.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                step()
+            slowest = hvd.allreduce(torch.tensor([time.perf_counter() - t0],
+                                                 dtype=torch.float64), op=hvd.Max,
+                                    name="side.slowest").item()
+            rates[label].append(args.iters / slowest)
+    row = {"impl": args.impl, "ranks": hvd.size(),
+           "steps": {k: statistics.median(v) for k, v in rates.items()}}
+    if args.impl == "hvdcompat":
+        dist.barrier()
+        dist.destroy_process_group()
+    return row
 
 
 def worker(args):
     hvd = import_hvd(args.impl)
     hvd.init()
-    row = allreduce_worker(args, hvd) if args.what == "allreduce" else train_worker(args, hvd)
+    row = {"allreduce": allreduce_worker, "train": train_worker, "ddp": ddp_worker}[args.what](
+        args, hvd)
     if hvd.rank() == 0:
         print(ROW + json.dumps(row), flush=True)
     hvd.shutdown()
@@ -152,15 +271,11 @@ def worker(args):
 # ----------------------------------------------------------------------------- driver
 
 def horovod_python(args):
-    """(python, why-not): Horovod's interpreter if it imports horovod.torch."""
-    path = args.horovod_python or os.environ.get("HOROVOD_PYTHON") or DEFAULT_HOROVOD
-    if not os.access(path, os.X_OK):
-        return None, f"no Horovod environment ({path} does not exist)"
-    probe = subprocess.run([path, "-c", "import horovod, horovod.torch; print(horovod.__version__)"],
-                           capture_output=True, text=True, cwd="/", timeout=300)
-    if probe.returncode != 0:
-        return None, f"{path} cannot import horovod.torch: {probe.stderr.strip()[-300:]}"
-    return path, probe.stdout.strip()
+    """(python, about): Horovod's interpreter and version, or (None, why not)."""
+    sys.path.insert(0, HERE)
+    from benchmark_helpers import horovod_peer
+
+    return horovod_peer.find(args.horovod_python)
 
 
 def job(python, impl, args, passthrough):
@@ -194,44 +309,82 @@ def driver(args, passthrough):
             rows[impl].append(job(python, impl, args, passthrough))
             print(f"# round {rnd + 1}/{args.rounds}: {impl} job {time.monotonic() - t0:.0f} s",
                   file=sys.stderr, flush=True)
+    load = "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"# {args.what}, {args.np} ranks, {args.rounds} alternating rounds per implementation "
-          f"(median of the rounds' medians); same machine, same torch")
+          f"(median of the rounds' medians); same machine, same torch; {load} at the end")
     print(f"# Horovod: {('horovod ' + about + ' at ' + peer) if peer else 'column absent: ' + about}")
+    med = lambda impl, key: statistics.median(r[key] for r in rows[impl])  # noqa: E731
     if args.what == "allreduce":
         keys = args.sizes.split(",") + ["ResNet-50"]
-        head = f"{'size':>10} | {'hvdcompat ms':>12}"
+        mpi = "mpi " + keys[0] in rows["hvdcompat"][0]
+        cols = ["size", "hvdcompat ms"] + (["raw MPI ms", "hvdcompat/MPI"] if mpi else [])
         if peer:
-            head += f" | {'Horovod 0.28.1 ms':>17} | {'Horovod/hvdcompat':>17}"
-        print(head)
-        print("-" * len(head))
+            cols += ["Horovod 0.28.1 ms", "Horovod/hvdcompat"]
+        cols += ["out of place: hvdcompat"] + (["Horovod 0.28.1"] if peer else [])
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" + "---:|" * (len(cols) - 1))
         for k in keys:
-            ours = statistics.median(r[k] for r in rows["hvdcompat"])
-            line = f"{k:>10} | {ours:>12.3f}"
+            ours = med("hvdcompat", k)
+            cells = [k, f"{ours:.3f}"]
+            if mpi:
+                cells += ([f"{med('hvdcompat', 'mpi ' + k):.3f}",
+                           f"{ours / med('hvdcompat', 'mpi ' + k):.2f}"] if k != "ResNet-50"
+                          else ["—", "—"])
             if peer:
-                theirs = statistics.median(r[k] for r in rows["horovod"])
-                line += f" | {theirs:>17.3f} | {theirs / ours:>17.2f}"
-            print(line)
-        print("# ResNet-50: 161 tensors, 25,557,032 floats, async then synchronize")
-    else:
+                theirs = med("horovod", k)
+                cells += [f"{theirs:.3f}", f"{theirs / ours:.2f}"]
+            out = "out " + k
+            cells += [f"{med('hvdcompat', out):.3f}" if out in rows["hvdcompat"][0] else "—"]
+            if peer:
+                cells += [f"{med('horovod', out):.3f}" if out in rows["horovod"][0] else "—"]
+            print("| " + " | ".join(cells) + " |")
+        print("# ResNet-50: 161 tensors, 25,557,032 floats, in place, async then synchronize; "
+              "raw MPI: mpi4py Allreduce in place, in hvdcompat's job")
+    elif args.what == "train":
         unit = rows["hvdcompat"][0]["unit"]
-        head = f"{'':>14} | {'hvdcompat':>10}" + (f" | {'Horovod 0.28.1':>14} | {'ratio':>6}"
-                                                   if peer else "")
-        print(f"# {args.model} batch {args.batch_size} per rank, {unit}/sec")
-        print(head)
-        print("-" * len(head))
-        for key, label in (("per_rank", "per rank"), ("total", "total")):
-            ours = statistics.median(r[key] for r in rows["hvdcompat"])
-            line = f"{label:>14} | {ours:>10.1f}"
+        print(f"# {args.model} batch {args.batch_size} per rank, {unit}/sec"
+              + (f"; ceiling: every rank trains alone (no gradient exchange), in "
+                 f"{args.ceiling_rounds} rounds alternating with DistributedOptimizer's in "
+                 "each job" if args.ceiling else ""))
+        impls_here = ["hvdcompat"] + (["horovod"] if peer else [])
+        cols = ["", "hvdcompat"] + (["Horovod 0.28.1", "hvdcompat / Horovod"] if peer else [])
+        print("| " + " | ".join(cols) + " |")
+        print("|---|" + "---:|" * (len(cols) - 1))
+        lines = [("per_rank", "per rank"), ("total", "total")]
+        if args.ceiling:
+            lines += [("ceiling_per_rank", "ceiling, per rank (no communication)")]
+        for key, label in lines:
+            vals = [med(i, key) for i in impls_here]
+            cells = [label] + [f"{v:.1f}" for v in vals]
             if peer:
-                theirs = statistics.median(r[key] for r in rows["horovod"])
-                line += f" | {theirs:>14.1f} | {ours / theirs:>6.2f}"
-            print(line)
+                cells.append(f"{vals[0] / vals[1]:.2f}")
+            print("| " + " | ".join(cells) + " |")
+        if args.ceiling:
+            fr = [statistics.median(r["per_rank"] / r["ceiling_per_rank"] for r in rows[i])
+                  for i in impls_here]
+            print("| of its ceiling | " + " | ".join(f"{f:.2f}" for f in fr)
+                  + (f" | {fr[0] / fr[1]:.2f}" if peer else "") + " |")
+    else:
+        labels = list(rows["hvdcompat"][0]["steps"])
+        print(f"# MLP {args.layers}x{args.hidden}, batch {args.batch_size} per rank, SGD; "
+              f"steps/s of the slowest rank, {args.warmup} warm-up + {args.iters} timed steps, "
+              f"{args.ddp_rounds} rounds alternating within each job")
+        print("| implementation | configuration | steps/s | samples/s | vs DDP on gloo |")
+        print("|---|---|---:|---:|---:|")
+        base = statistics.median(r["steps"]["DDP on gloo"] for r in rows["hvdcompat"])
+        for impl in ["hvdcompat"] + (["horovod"] if peer else []):
+            for label in rows[impl][0]["steps"]:
+                v = statistics.median(r["steps"][label] for r in rows[impl])
+                print(f"| {'Horovod 0.28.1' if impl == 'horovod' else 'hvdcompat'} | {label} | "
+                      f"{v:.2f} | {v * args.batch_size * args.np:.1f} | {v / base:.2f}x |")
+        if not peer:
+            print("# (no Horovod row: see the line above)")
     return 0
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("allreduce", "train"))
+    parser.add_argument("what", choices=("allreduce", "train", "ddp"))
     parser.add_argument("-np", "--np", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--horovod-python")
@@ -250,6 +403,13 @@ def main(argv=None):
     parser.add_argument("--num-warmup-batches", type=int, default=3)
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
+    parser.add_argument("--ceiling", action="store_true",
+                        help="train: also the no-communication ceiling, in alternating rounds")
+    parser.add_argument("--ceiling-rounds", type=int, default=2)
+    # ddp (as examples/pytorch_ddp_benchmark.py; --iters and --warmup are the steps)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--ddp-rounds", type=int, default=2)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="hvdcompat", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

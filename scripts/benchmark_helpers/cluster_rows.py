@@ -1,48 +1,43 @@
 """examples/allreduce_benchmark.py --hosts: the cluster rows (a helper of that benchmark).
 
 The driver (``main``) builds two test hosts (tests/cluster/testhosts.py, root),
-and for every layout and link rate launches one job of ``worker`` under
-hvdcompatrun; the worker times hvdcompat's default engine and the same engine
-in Horovod's configuration in alternating rounds and prints one line that the
-driver turns into a table row. Then the synthetic training benchmark runs on
-2 hosts x 1 rank in both configurations, alternating.
+and for every layout and link rate runs ``worker`` in alternating jobs of
+hvdcompat (under hvdcompatrun) and Horovod 0.28.1 itself (under its own
+environment's mpirun, benchmark_helpers/horovod_peer.py); each job prints one line
+that the driver turns into the row's cells. Then the synthetic training
+benchmark's models (scripts/horovod_side_by_side.py train) run on 2 hosts x
+1 rank with both, alternating.
 """
 
 import argparse
+import json
 import os
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-# Horovod 0.28.1's defaults and transport on our engine: 1 ms cycle, 64 MiB
-# fusion buffer, every fused response in one MPI call (no pipelined chunks, no
-# call split, every tensor through the fusion buffer), the single-host plan.
-HOROVOD_CONFIGURATION = {
-    "HOROVOD_CYCLE_TIME": "1",
-    "HOROVOD_FUSION_THRESHOLD": str(64 << 20),
-    "HVDCOMPAT_FUSION_CHUNK_BYTES": str(1 << 30),
-    "HVDCOMPAT_MAX_CALL_BYTES": str(1 << 30),
-    "HVDCOMPAT_INPLACE_MIN_BYTES": str(1 << 30),
-    "HVDCOMPAT_LINK_PLAN": "host",
-}
 RESNET50_BYTES = 25_557_032 * 4
 ROW = re.compile(r"CLUSTER-ROW (.*)$", re.M)
+IMPLS = ("hvdcompat", "horovod")
+LABEL = {"hvdcompat": "hvdcompat", "horovod": "Horovod 0.28.1"}
 
 
 def worker(args):
-    """One rank of a row's job; rank 0 prints ``CLUSTER-ROW key=value ...``."""
+    """One rank of a row's job (hvdcompat or Horovod); rank 0 prints ``CLUSTER-ROW ...``."""
     import torch
 
-    import allreduce_benchmark as bench
-    import hvdcompat as hvd
-    from benchmark_helpers.engine_restart import restart
+    from benchmark_helpers.bench_common import resnet50_shapes, timeit
 
+    if args.impl == "horovod":
+        import horovod.torch as hvd
+    else:
+        import hvdcompat as hvd
     hvd.init()
-    launch_env = {k: os.environ.get(k) for k in HOROVOD_CONFIGURATION}
-    shapes = bench.resnet50_shapes()
+    shapes = resnet50_shapes()
     g = torch.Generator().manual_seed(7 + hvd.rank())
     grads = [torch.randn(s, generator=g) for s in shapes]
 
@@ -62,22 +57,21 @@ def worker(args):
         for (c, ctx), h, x in zip(sent, handles, grads):
             x.copy_(fp16.decompress(hvd.synchronize(h), ctx))
 
-    engines = {"default": {}, "horovod": HOROVOD_CONFIGURATION}
-    times = {(e, k): [] for e in engines for k in ("fp32", "fp16")}
-    plans = {}
-    for _ in range(args.rounds):
-        for name, env in engines.items():
-            restart(launch_env, **env)
-            for kind, fn in (("fp32", fp32_set), ("fp16", fp16_set)):
-                times[(name, kind)].append(bench.timeit(fn, args.iters, 1, hvd.barrier))
-            s = hvd.engine_stats()
-            plans[name] = ("network" if s["network_allreduces"] else "host") + (
-                "+hierarchical" if s["hierarchical_allreduces"] else "")
+    # Every rank checks one reduced value against the mean of the ranks' inputs.
+    probe = torch.full((1024,), float(hvd.rank()))
+    hvd.allreduce_(probe, op=hvd.Average, name="probe")
+    want = (hvd.size() - 1) / 2
+    if not torch.allclose(probe, torch.full_like(probe, want)):
+        raise AssertionError(f"{args.impl} rank {hvd.rank()}: Average is {probe[:4]}, want {want}")
+    cells = {kind: timeit(fn, args.iters, 1, hvd.barrier) * 1e3
+             for kind, fn in (("fp32", fp32_set), ("fp16", fp16_set))}
+    if args.impl == "hvdcompat":
+        s = hvd.engine_stats()
+        cells["plan"] = ("network" if s["network_allreduces"] else "host") + (
+            "+hierarchical" if s["hierarchical_allreduces"] else "")
     if hvd.rank() == 0:
-        cells = [f"{e}.{k}={statistics.median(v) * 1e3:.1f}" for (e, k), v in times.items()]
-        cells += [f"{e}.plan={p}" for e, p in plans.items()]
-        cells.append(f"ranks={hvd.size()} hosts={hvd.cross_size()}")
-        print("CLUSTER-ROW " + " ".join(cells), flush=True)
+        cells.update(ranks=hvd.size(), hosts=hvd.cross_size())
+        print("CLUSTER-ROW " + " ".join(f"{k}={v}" for k, v in cells.items()), flush=True)
     hvd.shutdown()
     return 0
 
@@ -151,16 +145,35 @@ def _parse_row(output):
     return dict(kv.split("=", 1) for kv in m.group(1).split())
 
 
-def _launch(cluster, layout, command, timeout, env=None):
-    from cluster_harness import host_list, run_hvdcompatrun
+def _launch(cluster, layout, command, timeout, env=None, horovod=None):
+    """Runs `command` on the hosts of `layout`: under hvdcompatrun, or with `horovod` (its
+    Python) under the mpirun of Horovod's environment. Returns the output."""
+    from cluster_harness import _run, host_list, run_hvdcompatrun
 
-    result = run_hvdcompatrun(cluster, ["-H", host_list(cluster, layout), "--mpi-args",
-                                        " ".join(cluster.mpi_args()), *command], timeout,
-                              env=env, check=False)
+    if horovod is None:
+        result = run_hvdcompatrun(cluster, ["-H", host_list(cluster, layout), "--mpi-args",
+                                            " ".join(cluster.mpi_args()), *command], timeout,
+                                  env=env, check=False)
+    else:
+        from benchmark_helpers import horovod_peer as _horovod_peer
+
+        piddir = tempfile.mkdtemp(prefix="hvd-pids-")
+        full_env = _horovod_peer.environment(horovod)
+        full_env.update(env or {})
+        full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
+        cmd = [_horovod_peer.mpirun_of(horovod), "-np", str(sum(layout)), "-H",
+               host_list(cluster, layout), "--bind-to", "none", "--output", "tag",
+               *cluster.mpi_args(), "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+               *[a for k in (env or {}) for a in ("-x", k)], horovod, *command[1:]]
+        try:
+            result = _run(cluster, cmd, timeout, full_env, piddir)
+        finally:
+            shutil.rmtree(piddir, ignore_errors=True)
     if result.returncode != 0:
         print(result.output[-4000:], file=sys.stderr)
         raise SystemExit(f"allreduce_benchmark --hosts: {' '.join(command)} on layout "
-                         f"{layout} failed ({result.returncode})")
+                         f"{layout} ({'Horovod' if horovod else 'hvdcompat'}) failed "
+                         f"({result.returncode})")
     return result.output
 
 
@@ -178,22 +191,27 @@ def _load():
 def main(argv):
     """Driver of ``allreduce_benchmark.py --hosts``: prints the cluster table."""
     parser = argparse.ArgumentParser(prog="allreduce_benchmark.py --hosts",
-                                     description="hvdcompat on simulated hosts vs Horovod's "
-                                                 "configuration and the link floor")
+                                     description="hvdcompat on simulated hosts vs Horovod 0.28.1 "
+                                                 "and the link floor")
     parser.add_argument("--hosts", action="store_true")
     parser.add_argument("--layouts", default="1,1;2,2",
                         help="ranks per host, hosts separated by commas, layouts by ';'")
     parser.add_argument("--rates", default="none,1gbit",
                         help="tbf rates of the host links ('none': unlimited)")
-    parser.add_argument("--iters", type=int, default=3, help="timed sets per round")
+    parser.add_argument("--iters", type=int, default=3, help="timed sets per job")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="alternating default / Horovod-configuration rounds per row")
+                        help="alternating hvdcompat / Horovod jobs per row")
+    parser.add_argument("--horovod-python",
+                        help="Horovod's environment (default: $HOROVOD_PYTHON, else "
+                             "/tmp/horovod-anchor/venv/bin/python)")
     parser.add_argument("--train-iters", type=int, default=3)
     parser.add_argument("--train-batches", type=int, default=2)
     parser.add_argument("--train-model", default="mlp")
     parser.add_argument("--train-rate", default="1gbit")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--host-prefix", default="hv",
+                        help="start of the test hosts' names (2-5 lowercase letters)")
     parser.add_argument("--segments", action="store_true",
                         help="also raw MPI per call size and calls in flight (Open MPI's TCP "
                              "transport between the hosts)")
@@ -201,6 +219,7 @@ def main(argv):
     parser.add_argument("--only-segments", action="store_true",
                         help="only the raw MPI segment table")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="hvdcompat", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--segments-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -210,78 +229,93 @@ def main(argv):
 
     sys.path.insert(0, os.path.join(REPO, "tests"))
     sys.path.insert(0, os.path.join(REPO, "tests", "cluster"))
+    from benchmark_helpers import horovod_peer as _horovod_peer
     from testhosts import ClusterUnavailable, HostCluster
 
+    peer, about = _horovod_peer.find(args.horovod_python)
     try:
-        cluster = HostCluster(2)
+        cluster = HostCluster(2, prefix=args.host_prefix)
     except ClusterUnavailable as e:
         print(f"allreduce_benchmark --hosts: {e}", file=sys.stderr)
         return 2
     layouts = [[int(n) for n in l.split(",")] for l in args.layouts.split(";")]
     rates = args.rates.split(",")
-    worker_cmd = [sys.executable, os.path.join("examples", "allreduce_benchmark.py"), "--hosts",
-                  "--worker", "--iters", str(args.iters), "--rounds", str(args.rounds)]
+    impls = [("hvdcompat", None)] + ([("horovod", peer)] if peer else [])
     print(f"# test hosts {', '.join(cluster.names)} on {cluster.subnet} (namespaces of this "
           f"machine: {os.cpu_count()} cores shared by every rank); {_load()}", flush=True)
+    print(f"# Horovod: {('horovod ' + about + ' at ' + peer) if peer else 'column absent: ' + about}")
     with cluster:
         if args.segments or args.only_segments:
             _segments(cluster, args)
             if args.only_segments:
                 return 0
         print("# ResNet-50 gradient set (161 tensors, 97.5 MiB), Average in place, async then "
-              f"synchronize; ms, median of {args.iters} per round, median of {args.rounds} "
-              "alternating rounds")
-        print("# Horovod configuration: hvdcompat's engine with " +
-              " ".join(f"{k}={v}" for k, v in HOROVOD_CONFIGURATION.items()) +
-              " (Horovod 0.28.1 is not installed here: it does not build against this torch)")
-        header = (f"| layout | host link | hvdcompat | Horovod configuration | link floor | "
-                  f"hvdcompat / floor | fp16: hvdcompat | fp16: Horovod conf. | fp16 floor | "
-                  f"plan | load |")
-        print(header)
-        print("|" + "---|" * 11, flush=True)
+              f"synchronize, each also fp16-compressed; ms, median of {args.iters} per job, "
+              f"median of {args.rounds} alternating jobs per implementation, both at their "
+              "defaults")
+        hv = [LABEL[i] for i, _ in impls[1:]]
+        header = ["layout", "host link", "hvdcompat", *hv, "link floor", "hvdcompat / floor",
+                  "fp16: hvdcompat", *[f"fp16: {h}" for h in hv], "fp16 floor", "plan", "load"]
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header), flush=True)
         for rate in rates:
             cluster.limit(None if rate == "none" else rate)
             bits = _rate_bits(rate)
             for layout in layouts:
-                out = _launch(cluster, layout, worker_cmd, args.timeout)
-                row = _parse_row(out)
-                if row is None:
-                    print(out[-4000:], file=sys.stderr)
-                    raise SystemExit("allreduce_benchmark --hosts: the worker printed no row")
+                jobs = {i: [] for i, _ in impls}
+                for _ in range(args.rounds):
+                    for impl, python in impls:
+                        cmd = [python or sys.executable,
+                               os.path.join("examples", "allreduce_benchmark.py"), "--hosts",
+                               "--worker", "--impl", impl, "--iters", str(args.iters)]
+                        out = _launch(cluster, layout, cmd, args.timeout, horovod=python)
+                        row = _parse_row(out)
+                        if row is None:
+                            print(out[-4000:], file=sys.stderr)
+                            raise SystemExit("allreduce_benchmark --hosts: the worker printed "
+                                             "no row")
+                        jobs[impl].append(row)
+                med = {(i, k): statistics.median(float(r[k]) for r in rows)
+                       for i, rows in jobs.items() for k in ("fp32", "fp16")}
                 # Each host sends (and receives) the set once: the fewest bytes any
                 # allreduce can put on one host's link (hierarchical or 2-rank ring).
                 floor = RESNET50_BYTES * 8 / bits * 1e3 if bits else None
-                d, h = float(row["default.fp32"]), float(row["horovod.fp32"])
-                d16, h16 = float(row["default.fp16"]), float(row["horovod.fp16"])
+                d = med[("hvdcompat", "fp32")]
                 cells = [f"{len(layout)} hosts x {layout[0]} rank{'s' if layout[0] > 1 else ''}",
-                         "unlimited" if rate == "none" else f"{rate} (tbf)",
-                         f"**{d:.0f}**", f"{h:.0f}", f"{floor:.0f}" if floor else "—",
-                         f"{d / floor:.2f}x" if floor else "—", f"{d16:.0f}", f"{h16:.0f}",
-                         f"{floor / 2:.0f}" if floor else "—", row["default.plan"],
+                         "unlimited" if rate == "none" else f"{rate} (tbf)", f"{d:.0f}",
+                         *[f"{med[(i, 'fp32')]:.0f}" for i, _ in impls[1:]],
+                         f"{floor:.0f}" if floor else "—",
+                         f"{d / floor:.2f}x" if floor else "—",
+                         f"{med[('hvdcompat', 'fp16')]:.0f}",
+                         *[f"{med[(i, 'fp16')]:.0f}" for i, _ in impls[1:]],
+                         f"{floor / 2:.0f}" if floor else "—", jobs["hvdcompat"][-1]["plan"],
                          f"{os.getloadavg()[0]:.1f}"]
                 print("| " + " | ".join(cells) + " |", flush=True)
         if not args.skip_training:
-            _training(cluster, args)
+            _training(cluster, args, impls)
     print(f"# done; {_load()}")
     return 0
 
 
-def _training(cluster, args):
+def _training(cluster, args, impls):
     cluster.limit(None if args.train_rate == "none" else args.train_rate)
-    cmd = [sys.executable, os.path.join("examples", "pytorch_synthetic_benchmark.py"),
-           "--model", args.train_model, "--num-warmup-batches", "1",
-           "--num-batches-per-iter", str(args.train_batches), "--num-iters",
-           str(args.train_iters)]
-    rates = {"default": [], "horovod": []}
+    rates = {impl: [] for impl, _ in impls}
     for _ in range(args.rounds):
-        for name, env in (("default", {}), ("horovod", HOROVOD_CONFIGURATION)):
-            out = _launch(cluster, [1, 1], cmd, args.timeout, env=env)
-            m = re.search(r"Total img/sec on \d+ rank\(s\): ([\d.]+)", out)
-            rates[name].append(float(m.group(1)) if m else float("nan"))
-    d, h = statistics.median(rates["default"]), statistics.median(rates["horovod"])
-    print(f"\n# examples/pytorch_synthetic_benchmark.py --model {args.train_model} on 2 hosts x "
+        for impl, python in impls:
+            cmd = [python or sys.executable, os.path.join("scripts", "horovod_side_by_side.py"),
+                   "train", "--worker", "--impl", impl, "--model", args.train_model,
+                   "--num-warmup-batches", "1", "--num-batches-per-iter",
+                   str(args.train_batches), "--num-iters", str(args.train_iters)]
+            out = _launch(cluster, [1, 1], cmd, args.timeout, horovod=python)
+            line = next((l for l in out.splitlines() if "SIDE-BY-SIDE " in l), None)
+            rates[impl].append(json.loads(line.split("SIDE-BY-SIDE ", 1)[1])["total"]
+                               if line else float("nan"))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\n# scripts/horovod_side_by_side.py train --model {args.train_model} on 2 hosts x "
           f"1 rank, host link {args.train_rate}: total img/sec, median of {args.rounds} "
-          f"alternating launches ({_load()})")
-    print(f"#   hvdcompat {d:.1f}  Horovod configuration {h:.1f}  ratio {d / h:.2f}  "
-          f"(each launch: " + ", ".join(f"{k} " + " ".join(f"{x:.1f}" for x in v)
-                                        for k, v in rates.items()) + ")", flush=True)
+          f"alternating launches per implementation ({_load()})")
+    print("#   " + "  ".join(f"{LABEL[k]} {v:.1f}" for k, v in med.items()) +
+          (f"  hvdcompat / Horovod {med['hvdcompat'] / med['horovod']:.2f}" if "horovod" in med
+           else "") + "  (each launch: " +
+          ", ".join(f"{LABEL[k]} " + " ".join(f"{x:.1f}" for x in v) for k, v in rates.items()) +
+          ")", flush=True)
