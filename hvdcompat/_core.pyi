@@ -13,6 +13,13 @@ REDUCE_OPS: dict[str, int]
 STATUS: dict[str, int]
 AUTOTUNE_LOG_HEADER: str
 
+# The core's errors besides ValueError (InvalidArgument), as Horovod's users catch them.
+class UnsupportedDtypeError(TypeError, ValueError):
+    """A dtype the op does not take (bool but Min/Max, Adasum on integers)."""
+
+class NotSupportedError(NotImplementedError, ValueError):
+    """A request Horovod does not implement either (Adasum on a process set)."""
+
 class Buffer:
     """One tensor's memory as the core reads or writes it."""
 
@@ -129,6 +136,9 @@ def add_process_set(ranks: Sequence[int]) -> int: ...
 def remove_process_set(process_set_id: int) -> bool: ...
 def process_set_info(process_set_id: int) -> Optional[tuple[list[int], bool, int]]: ...
 def process_set_ids() -> list[int]: ...
+def check_reduction(op: str, name: str, process_set: int, reduce_op: int,
+                    dtype: Optional[int] = None) -> None:
+    """Enqueue's rule on what a reduction may reduce, for a caller with no tensor yet."""
 def process_set_member(process_set_id: int, op: str, name: str) -> tuple[int, int]:
     """(this rank's index, size) in a process set; ValueError, from the same rule as enqueue,
     when the set is unknown or this rank is not a member."""

@@ -30,7 +30,7 @@ import torch
 from hvdcompat.adasum_optimizer import adasum_class
 from hvdcompat.basics import Adasum, Average, _core, size
 from hvdcompat.functions import broadcast_object
-from hvdcompat.ops.collectives import AdasumProcessSetError, allreduce_async_
+from hvdcompat.ops.collectives import allreduce_async_
 from hvdcompat.ops.compression import Compression
 from hvdcompat.ops.grouped import grouped_allreduce_async_
 from hvdcompat.ops.handles import synchronize as _wait
@@ -490,7 +490,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Raises:
         ValueError: bad argument, duplicate or missing parameter names (the
             message lists the unnamed parameters).
-        AdasumProcessSetError: ``op=hvd.Adasum`` with a process set other
+        NotImplementedError: ``op=hvd.Adasum`` with a process set other
             than the global one (a ValueError and a NotImplementedError).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -519,12 +519,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
 def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                       process_set):
-    if process_set.process_set_id not in (None, 0):
-        raise AdasumProcessSetError(
-            "DistributedOptimizer(op=hvd.Adasum): Adasum does not support non-global process "
-            f"sets (got process set {process_set.process_set_id} with ranks "
-            f"{process_set.ranks}). Use process_set=hvd.global_process_set, or op=hvd.Average "
-            "on this set.")
+    # The core's rule, before any gradient exists (a NotImplementedError and a ValueError).
+    pid = process_set.process_set_id
+    _core.check_reduction("DistributedOptimizer(op=hvd.Adasum)", "",
+                          -1 if pid is None else pid, Adasum)
     key = tuple(global_process_set.ranks)
     index = _optimizers_per_set.get(key, 0)
     _optimizers_per_set[key] = index + 1

@@ -67,10 +67,8 @@ class ProcessSet:
         """
         if self.process_set_id is None:
             return None
-        ranks, included, r = _info(self.process_set_id)
-        if not included:
-            raise ValueError("Process is not part of provided process set.")
-        return r
+        _session.current()
+        return _core.process_set_member(self.process_set_id, "ProcessSet.rank", "")[0]
 
     def included(self):
         """Whether this process is a member (None when the ranks are unknown)."""
@@ -250,9 +248,6 @@ def add_process_set(process_set):
         raise NotImplementedError(
             "Dynamically adding process sets defined by an MPI communicator is not implemented. "
             "Pass the list of global ranks instead.")
-    if not _core.dynamic_process_sets():
-        raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets after "
-                         "Horovod initialization (or call hvd.init(process_sets='dynamic')).")
     process_set.process_set_id = _core.add_process_set(process_set.ranks)
     session.process_sets.add(process_set)
     return process_set
@@ -273,11 +268,8 @@ def remove_process_set(process_set):
         ValueError: not initialised or dynamic mode off.
     """
     _session.current()
-    if not _core.dynamic_process_sets():
-        raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow removing process sets "
-                         "after Horovod initialization (or call hvd.init(process_sets='dynamic')).")
     pid = process_set.process_set_id
-    if pid is None or pid == 0:
-        return False
-    process_set._invalidate()
+    if pid is None:
+        return False  # never registered
+    process_set._invalidate()  # a no-op for the global set, which the core never removes
     return _core.remove_process_set(pid)  # also frees the names held on it

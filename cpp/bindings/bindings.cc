@@ -480,6 +480,31 @@ void BindOptions(py::module_& m) {
       .def_readonly("dynamic_process_sets", &InitOptions::dynamic_process_sets);
 }
 
+// The core's error classes, as Horovod's users catch them: each is a
+// ValueError too (InvalidArgument is one).
+void BindErrors(py::module_& m) {
+  // Never freed: the translator may run until the interpreter's teardown.
+  static PyObject* unsupported_dtype = PyErr_NewException(
+      "hvdcompat._core.UnsupportedDtypeError",
+      py::make_tuple(py::handle(PyExc_TypeError), py::handle(PyExc_ValueError)).ptr(), nullptr);
+  static PyObject* not_supported = PyErr_NewException(
+      "hvdcompat._core.NotSupportedError",
+      py::make_tuple(py::handle(PyExc_NotImplementedError), py::handle(PyExc_ValueError)).ptr(),
+      nullptr);
+  if (!unsupported_dtype || !not_supported) throw py::error_already_set();
+  m.attr("UnsupportedDtypeError") = py::handle(unsupported_dtype);
+  m.attr("NotSupportedError") = py::handle(not_supported);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const UnsupportedDtype& e) {
+      PyErr_SetString(unsupported_dtype, e.what());
+    } catch (const NotSupported& e) {
+      PyErr_SetString(not_supported, e.what());
+    }
+  });
+}
+
 }  // namespace
 
 RuntimeLease::RuntimeLease() {
@@ -513,6 +538,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "hvdcompat native core (framework-agnostic; no PyTorch inside)";
 
   BindOptions(m);
+  BindErrors(m);
   // Everything that may wait (on MPI, on peers, on a lease) runs without the GIL.
   m.def("init", &Init, py::arg("options"), Release());
   m.def("shutdown", &Shutdown, Release(),
@@ -573,6 +599,18 @@ PYBIND11_MODULE(_core, m) {
       py::arg("process_set_id"), py::arg("op"), py::arg("name"),
       "(this rank's index, size) in a process set; ValueError, from the same rule as "
       "enqueue, when the set is unknown or this rank is not a member.");
+  m.def(
+      "check_reduction",
+      [](const std::string& op, const std::string& name, int process_set, int reduce_op,
+         std::optional<int> dtype) {
+        std::optional<DataType> dt;
+        if (dtype) dt = MakeBuffer(0, *dtype, {}, kCpuDevice).dtype;
+        RuntimeLease()->CheckReduction(op, name, process_set, ToReduceOp(reduce_op), dt);
+      },
+      py::arg("op"), py::arg("name"), py::arg("process_set"), py::arg("reduce_op"),
+      py::arg("dtype") = py::none(),
+      "Enqueue's rule on what a reduction may reduce (Adasum's process set and dtypes, bool with "
+      "Min/Max only), for a caller that has no tensor yet.");
   m.def("engine_stats", &Stats);
   m.def("reset_engine_stats", [] { RuntimeLease()->stats().Reset(); });
   m.def("autotune_history", &AutotuneHistory);

@@ -117,6 +117,20 @@ class InvalidArgument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A dtype the op does not take (bool but Min/Max, Adasum on integers);
+// TypeError in Python (also a ValueError, as in Horovod).
+class UnsupportedDtype : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+// A valid request that Horovod does not implement either (Adasum on a
+// process set); NotImplementedError in Python (also a ValueError).
+class NotSupported : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 #define HVD_STRINGIFY_INNER(x) #x
 #define HVD_STRINGIFY(x) HVD_STRINGIFY_INNER(x)
 

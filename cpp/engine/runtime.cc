@@ -193,108 +193,6 @@ std::pair<int, int> Runtime::MemberRankSize(const std::string& op, const std::st
   return {worker->rank(), worker->size()};
 }
 
-Request Runtime::DescribeRequest(const EnqueueArgs& args) const {
-  Request q;
-  q.op = args.op;
-  q.name = args.name;
-  q.auto_named = args.auto_named;
-  q.reduce_op = args.reduce_op;
-  q.prescale = args.prescale;
-  q.postscale = args.postscale;
-  q.device = args.inputs.empty() ? kCpuDevice : args.inputs[0].device;
-  q.dtype = args.inputs.empty() ? DataType::kUInt8 : args.inputs[0].dtype;
-  const std::string op = OpTypeName(args.op);
-  for (const auto& b : args.inputs) {
-    if (b.device != q.device) {
-      throw InvalidArgument(Subject(op, q.name) + ": Tensors in list must be on same device "
-                            "(found " + std::to_string(q.device) + " and " +
-                            std::to_string(b.device) + "). Move them to one device.");
-    }
-    if (b.dtype != q.dtype) {
-      throw InvalidArgument(Subject(op, q.name) + ": tensors in a group must share one dtype "
-                            "(found " + DataTypeName(q.dtype) + " and " + DataTypeName(b.dtype) +
-                            "). Cast them to one dtype.");
-    }
-    q.shapes.push_back(b.shape);
-  }
-  for (const auto& b : args.outputs) {
-    if (b.device != q.device) {
-      throw InvalidArgument(Subject(op, q.name) + ": outputs must be on the inputs' device "
-                            "(found " + std::to_string(q.device) + " and " +
-                            std::to_string(b.device) + ")");
-    }
-  }
-  return q;
-}
-
-int Runtime::SetRoot(const ProcessSetWorker& worker, const EnqueueArgs& args) const {
-  const auto& ranks = worker.global_ranks();
-  auto it = std::find(ranks.begin(), ranks.end(), args.root);
-  if (it == ranks.end()) {
-    throw InvalidArgument(Subject(OpTypeName(args.op), args.name) + ": invalid root rank " +
-                          std::to_string(args.root) + ": it is not a member of " +
-                          DescribeSet(worker.id(), ranks) +
-                          ". root_rank is a global rank; pass one of the set's ranks.");
-  }
-  return static_cast<int>(it - ranks.begin());
-}
-
-void Runtime::ResolveSplits(const ProcessSetWorker& worker, EnqueueArgs* args) const {
-  const std::string subject = Subject(OpTypeName(args->op), args->name);
-  HVD_ENFORCE(args->inputs.size() == 1, "alltoall with " << args->inputs.size() << " inputs");
-  const Shape& shape = args->inputs[0].shape;
-  if (shape.empty()) {
-    throw InvalidArgument(subject + ": cannot alltoall a scalar (0-dim) tensor; reshape it to "
-                          "[1] first.");
-  }
-  const int64_t rows = shape[0];
-  const int64_t n = worker.size();
-  const std::string workers = std::to_string(n) + " ranks in " +
-                              DescribeSet(worker.id(), worker.global_ranks());
-  if (args->splits.empty()) {
-    if (rows % n) {
-      throw InvalidArgument(subject + ": splits not provided, but first dimension of tensor is "
-                            "not an even multiple of the number of workers (" +
-                            std::to_string(rows) + " rows, " + workers +
-                            "). Pass splits=[rows for each rank].");
-    }
-    args->splits.assign(1, std::vector<int64_t>(n, rows / n));
-    return;
-  }
-  HVD_ENFORCE(args->splits.size() == 1, "alltoall with " << args->splits.size() << " split lists");
-  const std::vector<int64_t>& splits = args->splits[0];
-  std::string listed = "[";
-  for (size_t i = 0; i < splits.size() && i < 16; ++i) {
-    listed += (i ? ", " : "") + std::to_string(splits[i]);
-  }
-  listed += splits.size() > 16 ? ", ...]" : "]";
-  if (static_cast<int64_t>(splits.size()) != n) {
-    throw InvalidArgument(subject + ": Number of entries in splits (" +
-                          std::to_string(splits.size()) + ") does not equal number of workers (" +
-                          workers + "). Pass one entry per rank of the set.");
-  }
-  // Each entry is checked against the rows before any is added: a sum of
-  // huge entries could wrap around to a value that passes the sum check.
-  for (int64_t v : splits) {
-    if (v < 0) {
-      throw InvalidArgument(subject + ": splits must be non-negative, got " + listed + ".");
-    }
-    if (v > rows) {
-      throw InvalidArgument(subject + ": splits entry " + std::to_string(v) +
-                            " is greater than the first dimension of tensor (" +
-                            std::to_string(rows) + "). splits " + listed +
-                            " counts the rows sent to each rank.");
-    }
-  }
-  const int64_t sum = CheckedSum(splits, (subject + ": sum of splits " + listed).c_str());
-  if (sum > rows) {
-    throw InvalidArgument(subject + ": Sum of splits entries (" + std::to_string(sum) +
-                          ") is greater than the first dimension of tensor (" +
-                          std::to_string(rows) + "). splits " + listed +
-                          " counts the rows sent to each rank.");
-  }
-}
-
 int Runtime::ReserveHandle(const ProcessSetWorker& worker, const Request& q) {
   int handle = handles_.Create(worker.id(), q.name);
   if (handle == HandleTable::kNameTaken) {
@@ -309,11 +207,11 @@ int Runtime::ReserveHandle(const ProcessSetWorker& worker, const Request& q) {
 }
 
 int Runtime::Enqueue(EnqueueArgs args) {
-  std::shared_ptr<ProcessSetWorker> worker =
-      MemberWorker(OpTypeName(args.op), args.name, args.process_set);
   auto entry = std::make_unique<TensorEntry>();
   entry->request = DescribeRequest(args);
   Request& q = entry->request;
+  std::shared_ptr<ProcessSetWorker> worker =
+      MemberWorker(OpTypeName(args.op), args.name, args.process_set);
   if (args.op == OpType::kBroadcast) q.root = SetRoot(*worker, args);
   if (args.op == OpType::kAlltoall) ResolveSplits(*worker, &args);
   const int handle = ReserveHandle(*worker, q);
@@ -466,20 +364,33 @@ int Runtime::RegisterLocked(std::vector<int> ranks, int wanted_id, const std::st
   return id;
 }
 
+void Runtime::RequireDynamic(const std::string& call) const {
+  if (dynamic_) return;
+  throw InvalidArgument(call + " on rank " + std::to_string(job().rank) +
+                        ": process sets can only be added or removed after hvd.init() in dynamic "
+                        "mode. Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets "
+                        "after Horovod initialization (or call hvd.init(process_sets='dynamic')) "
+                        "on every rank.");
+}
+
 int Runtime::AddProcessSet(std::vector<int> ranks) {
+  RequireDynamic("hvd.add_process_set(" + RankListString(ranks) + ")");
   std::lock_guard<std::mutex> control(control_mu_);
   return RegisterLocked(std::move(ranks), -1, "hvd.add_process_set");
 }
 
 bool Runtime::RemoveProcessSet(int id) {
-  const std::string call = "remove_process_set(" + std::to_string(id) + ")";
+  const std::string call = "hvd.remove_process_set(" + std::to_string(id) + ")";
+  RequireDynamic(call);
+  // The global set is never removed; every rank answers alike, so no round.
+  if (id == 0) return false;
   std::lock_guard<std::mutex> control(control_mu_);
   if (control_closed_) ThrowShutDown(call, false);  // as in RegisterLocked
   bool known;
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
     if (stopped_) ThrowShutDown(call, false);
-    known = id != 0 && set_ranks_.count(id) > 0;
+    known = set_ranks_.count(id) > 0;
   }
   // Every rank makes the round, an unknown id too (a peer may know it), and
   // removes the set only once all agree on it: removed everywhere or nowhere.

@@ -118,9 +118,17 @@ class Runtime {
 
   // Validates, registers a handle and hands the op to its process set.
   // Throws InvalidArgument for the caller's mistakes (nothing is enqueued):
-  // the engine's rules (process set and membership, root, splits, names in
-  // flight) are checked here and nowhere else.
+  // the engine's rules (process set and membership, root, splits, scalars,
+  // what each op reduces, names in flight) are checked here and nowhere else
+  // (engine/request_rules.cc).
   int Enqueue(EnqueueArgs args);
+
+  // What a reduction may reduce: Adasum on the global set and floating
+  // dtypes only (NotSupported, UnsupportedDtype), bool with Min or Max only
+  // (UnsupportedDtype). Enqueue runs it; DistributedOptimizer runs it before
+  // any tensor exists (`dtype` empty).
+  void CheckReduction(const std::string& op, const std::string& name, int process_set,
+                      ReduceOp reduce_op, std::optional<DataType> dtype) const;
 
   // (this rank's index, size) in `process_set`, for callers that shape
   // buffers by it; throws Enqueue's InvalidArgument for a set that is
@@ -129,9 +137,10 @@ class Runtime {
   std::pair<int, int> MemberRankSize(const std::string& op, const std::string& name,
                                      int process_set) const;
 
-  // Collective over the whole job. Returns the new id.
+  // Collective over the whole job; dynamic mode only. Returns the new id.
   int AddProcessSet(std::vector<int> ranks);
-  // Collective over the whole job. False when `id` is unknown on every rank;
+  // Collective over the whole job; dynamic mode only. False for the global
+  // set (never removed) and when `id` is unknown on every rank;
   // InvalidArgument (nothing removed) when some rank knows it and some do not.
   bool RemoveProcessSet(int id);
   std::optional<ProcessSetInfo> GetProcessSet(int id) const;
@@ -148,6 +157,8 @@ class Runtime {
   // Alltoall: checks the splits against the set and the rows, or fills in
   // equal splits when none were given.
   void ResolveSplits(const ProcessSetWorker& worker, EnqueueArgs* args) const;
+  // InvalidArgument unless process sets may change after init (`call` labels it).
+  void RequireDynamic(const std::string& call) const;
   // A handle holding the op's name (refused while another op holds it).
   int ReserveHandle(const ProcessSetWorker& worker, const Request& q);
 

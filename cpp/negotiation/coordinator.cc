@@ -46,10 +46,6 @@ std::string TrailingDims(const std::vector<Shape>& shapes) {
   std::string s;
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (i) s += ", ";
-    if (shapes[i].empty()) {
-      s += "scalar";
-      continue;
-    }
     s += "[*";
     for (size_t d = 1; d < shapes[i].size(); ++d) s += ", " + std::to_string(shapes[i][d]);
     s += "]";
@@ -195,14 +191,14 @@ std::optional<Disagreement> ShapeMismatch(const RowView& v) {
   bool bad = v.Differ([](const Request& a, const Request& b) {
     for (size_t i = 0; i < a.shapes.size(); ++i) {
       if (a.shapes[i].size() != b.shapes[i].size()) return false;
-      if (a.shapes[i].empty()) return false;  // scalars cannot be concatenated
       for (size_t d = 1; d < a.shapes[i].size(); ++d) {
         if (a.shapes[i][d] != b.shapes[i][d]) return false;
       }
     }
     return true;
   });
-  if (bad || first.shapes.empty() || first.shapes[0].empty()) {
+  // Scalars never get here: Enqueue refuses them (engine/request_rules.cc).
+  if (bad || first.shapes.empty()) {
     return Disagreement{
         "tensor shape (all dimensions but the first must match)",
         v.Values([](const Request& q) { return TrailingDims(q.shapes) + " from " + ShapesString(q.shapes); }),

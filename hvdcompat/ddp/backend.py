@@ -406,17 +406,9 @@ class ProcessGroupHvdcompat(dist.ProcessGroup):
                           opts=AllToAllOptions()):
         call = "all_to_all_single"
         self._check(call, [input, output])
-        n = self.size()
-        if input.dim() == 0:
-            raise ValueError(f"torch.distributed.{call} (hvdcompat backend): scalar tensors "
-                             "cannot be split; reshape to [1].")
+        # No splits: equal ones; the core refuses a scalar or rows that do
+        # not divide evenly (Runtime::ResolveSplits).
         splits = list(input_split_sizes) if input_split_sizes else None
-        if splits is None and input.shape[0] % n:
-            raise ValueError(f"torch.distributed.{call} (hvdcompat backend): dimension 0 of the "
-                             f"input ({input.shape[0]}) is not divisible by world_size ({n}); "
-                             "pass input_split_sizes.")
-        if splits is None:
-            splits = [input.shape[0] // n] * n
         expected = list(output_split_sizes) if output_split_sizes else None
         hvd = _hvd()
         src = _contiguous(input)

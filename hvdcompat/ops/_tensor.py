@@ -22,8 +22,9 @@ _CODES = {
 }
 
 
-class UnsupportedDtypeError(TypeError, ValueError):
-    """A tensor dtype no collective supports (a TypeError; also a ValueError, as in Horovod)."""
+# A tensor dtype an op does not support: a TypeError, also a ValueError (as in
+# Horovod). The core raises it for its own dtype rules (bool, Adasum).
+UnsupportedDtypeError = _core.UnsupportedDtypeError
 
 
 def _label(op, name):

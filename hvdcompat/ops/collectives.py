@@ -28,8 +28,6 @@ __all__ = [
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 _VALID_OPS = (Average, Sum, Adasum, Min, Max, Product)
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-             Product: "Product"}
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -68,46 +66,23 @@ def _set_rank_size(process_set, op, name=None):
     return tuple(_core.process_set_member(-1 if pid is None else pid, op, name or ""))
 
 
-_ADASUM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-class AdasumProcessSetError(ValueError, NotImplementedError):
-    """Adasum on a process set other than the global one.
-
-    A ValueError (the caller's mistake) and, as in Horovod, a NotImplementedError.
-    """
-
-
-def _check_adasum(op_name, name, tensors, process_set):
-    """Adasum's own rules: floating dtypes only, global process set only."""
-    for t in tensors:
-        _tensor.require_tensor(t, op_name, name)
-        if t.dtype not in _ADASUM_DTYPES:
-            raise _tensor.UnsupportedDtypeError(
-                f"{op_name} '{name}'{_tensor._where()}: op=hvd.Adasum reduces float16, bfloat16, "
-                f"float32 and float64 tensors, not {t.dtype}. Cast the tensor to a floating "
-                "dtype (e.g. tensor.float()) or use op=hvd.Sum / hvd.Average.")
-    if process_set is not None and process_set.process_set_id not in (None, 0):
-        raise AdasumProcessSetError(
-            f"{op_name} '{name}'{_tensor._where()}: Adasum does not support non-global process "
-            f"sets (got process set {process_set.process_set_id} with ranks "
-            f"{process_set.ranks}). Run op=hvd.Adasum on hvd.global_process_set, or use "
-            "op=hvd.Average / hvd.Sum on this set.")
-
-
 def _check_reduce_op(op, op_name, name, tensors, process_set=None):
     if op not in _VALID_OPS:
         raise ValueError(f"{op_name} '{name}': unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
                          "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
-    if op == Adasum:
-        _check_adasum(op_name, name, tensors, process_set)
+    # What the op may reduce (Adasum's process set and dtypes, bool with Min
+    # or Max only) is the core's rule (Runtime::CheckReduction), which
+    # enqueue runs. A group of several dtypes runs as one op per dtype: the
+    # core checks every part first, so a refused part leaves none in flight.
     for t in tensors:
         _tensor.require_tensor(t, op_name, name)
-        if t.dtype == torch.bool and op not in (Min, Max):
-            raise _tensor.UnsupportedDtypeError(
-                f"{op_name} '{name}': bool tensors reduce only with op=hvd.Min (logical and) or "
-                f"op=hvd.Max (logical or), not {_OP_NAMES[op]}. Cast to an integer dtype to "
-                "count.")
+    dtypes = {t.dtype: t for t in tensors}
+    if len(dtypes) > 1:
+        pid = -1 if process_set is None or process_set.process_set_id is None \
+            else process_set.process_set_id
+        label = op_name if name is None else f"{op_name}.{name}"
+        for t in dtypes.values():
+            _core.check_reduction(op_name, label, pid, op, _tensor.dtype_code(t, op_name, name))
 
 
 def _describe_all(tensors, op_name, name):
@@ -121,7 +96,7 @@ def _describe_all(tensors, op_name, name):
 def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
                      prefix, finish):
     op_name = prefix
-    _check_reduce_op(op, op_name, name, tensors, process_set)
+    _check_reduce_op(op, op_name, name, tensors)
     ins = _describe_all(tensors, op_name, name)
     outs = ins if outputs is tensors else _describe_all(outputs, op_name, name)
     return _enqueue("allreduce", prefix, name, process_set.process_set_id, ins, outs, finish,
@@ -253,9 +228,6 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
         HorovodInternalError: from :func:`synchronize`, when the ranks disagreed
             or the job failed.
     """
-    if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
-        raise ValueError(f"allgather '{name}': cannot allgather a scalar (0-dim) tensor; "
-                         "reshape it to [1] first.")
     desc = _describe_all([tensor], "allgather", name)
     return _enqueue("allgather", "allgather", name, process_set.process_set_id, desc, [],
                     _gather_finish, (tensor,))

@@ -181,10 +181,6 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
             or the job failed.
     """
     tensors = _as_list(tensors, "grouped_allgather")
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError(f"grouped_allgather '{name}': cannot allgather a scalar (0-dim) "
-                             "tensor; reshape it to [1] first.")
 
     def launch(ts, nm):
         descs = _describe_all(ts, "grouped_allgather", nm)
@@ -226,7 +222,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     """
     tensors = _as_list(tensors, "grouped_reducescatter")
     _check_reducescatter(tensors, op, name)
-    _check_reduce_op(op, "grouped_reducescatter", name, tensors)
+    _check_reduce_op(op, "grouped_reducescatter", name, tensors, process_set)
     set_rank, set_size = _set_rank_size(process_set, "grouped_reducescatter", name)
 
     def launch(ts, nm):

@@ -238,7 +238,7 @@ def test_joined_rank_contributes_the_identity():
                          ids=dtype_id)
 def test_non_floating_dtypes_are_a_type_error(dtype):
     t = torch.ones(3, dtype=dtype)
-    with pytest.raises(TypeError, match=rf"allreduce 'ad\.int'.*Adasum.*{dtype_id(dtype)}"):
+    with pytest.raises(TypeError, match=rf"allreduce 'allreduce\.ad\.int'.*Adasum.*{dtype_id(dtype)}"):
         hvd.allreduce(t, op=hvd.Adasum, name="ad.int")
     with pytest.raises(TypeError, match="Adasum"):
         hvd.grouped_allreduce([torch.ones(2), t], op=hvd.Adasum, name="ad.int.grp")

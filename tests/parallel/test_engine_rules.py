@@ -2,8 +2,8 @@
 
 Each mistake is a ValueError raised at the call, with nothing enqueued, and
 its one message names the op, the tensor, this rank, the ranks involved and
-what to do. (tests/unit/test_rule_sources.py checks that the Python package
-carries none of these messages.)
+what to do. (tests/unit/test_core_rules.py, and the last test here, call the
+core directly with bad arguments: each rule is the core's own.)
 """
 
 import os
@@ -219,3 +219,36 @@ def test_duplicate_process_sets_are_refused():
     _names(msg, f"ProcessSet on rank {hvd.rank()}", "does not exist",
            f"(id {stale_id})", "hvd.add_process_set")
     _still_works("duplicate")
+
+
+def test_the_core_itself_refuses_non_members_uneven_rows_and_adasum_on_a_set():
+    # hvdcompat._core directly, with no Python-layer check before it.
+    core = hvd.basics._core
+    n, last = hvd.size(), hvd.size() - 1
+    solo = hvd.add_process_set([last])
+    buf = torch.ones(n + 1)
+    desc = core.Buffer(buf.data_ptr(), core.DTYPES["float32"], [n + 1])
+    try:
+        msg = _message(lambda: core.enqueue(core.EnqueueArgs(
+            core.OPS["alltoall"], "alltoall.core.uneven", inputs=[desc])))
+        _names(msg, _subject("alltoall", "alltoall.core.uneven"), "even multiple",
+               f"{n + 1} rows, {n} ranks in the global process set")
+        with pytest.raises(NotImplementedError) as info:
+            core.enqueue(core.EnqueueArgs(core.OPS["allreduce"], "allreduce.core.ada",
+                                          process_set=solo.process_set_id,
+                                          reduce_op=core.REDUCE_OPS["Adasum"], inputs=[desc],
+                                          outputs=[desc]))
+        assert isinstance(info.value, ValueError)
+        _names(str(info.value), _subject("allreduce", "allreduce.core.ada"),
+               f"process set {solo.process_set_id} (ranks [{last}])", "non-global process sets")
+        if hvd.rank() != last:
+            msg = _message(lambda: core.process_set_member(solo.process_set_id,
+                                                           "ProcessSet.rank", ""))
+            _names(msg, f"ProcessSet.rank on rank {hvd.rank()}: rank {hvd.rank()} is not a "
+                   f"member of process set {solo.process_set_id} (ranks [{last}])")
+            assert _message(solo.rank) == msg  # the Python call is the core's rule
+        else:
+            assert tuple(core.process_set_member(solo.process_set_id, "x", "")) == (0, 1)
+    finally:
+        hvd.remove_process_set(solo)
+    _still_works("core")

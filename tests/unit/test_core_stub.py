@@ -13,15 +13,18 @@ STUB = Path(__file__).resolve().parents[2] / "hvdcompat" / "_core.pyi"
 def _stub():
     tree = ast.parse(STUB.read_text())
     functions, classes, constants = {}, {}, set()
+    errors = {}  # exception classes: name -> base names
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             functions[node.name] = [a.arg for a in node.args.args + node.args.kwonlyargs]
+        elif isinstance(node, ast.ClassDef) and node.bases:
+            errors[node.name] = [b.id for b in node.bases]
         elif isinstance(node, ast.ClassDef):
             classes[node.name] = {n.name: [a.arg for a in n.args.args + n.args.kwonlyargs]
                                   for n in node.body if isinstance(n, ast.FunctionDef)}
         elif isinstance(node, ast.AnnAssign):
             constants.add(node.target.id)
-    return functions, classes, constants
+    return functions, classes, constants, errors
 
 
 def _public(obj):
@@ -45,29 +48,31 @@ def _parameters(doc):
 
 
 def test_the_stub_names_what_the_module_has():
-    functions, classes, constants = _stub()
+    functions, classes, constants, errors = _stub()
     module = _public(_core)
     built_classes = {n for n in module if isinstance(getattr(_core, n), type)}
     built_functions = {n for n in module - built_classes if callable(getattr(_core, n))}
     built_constants = module - built_classes - built_functions
     assert set(functions) == built_functions
-    assert set(classes) == built_classes
+    assert set(classes) | set(errors) == built_classes
     assert constants == built_constants
 
 
 def test_function_parameters_match():
-    functions, _, _ = _stub()
+    functions, _, _, _ = _stub()
     for name, params in functions.items():
         assert params == _parameters(getattr(_core, name).__doc__), name
 
 
 def test_class_members_and_constructors_match():
-    _, classes, _ = _stub()
+    _, classes, _, errors = _stub()
     for name, members in classes.items():
         cls = getattr(_core, name)
         assert set(members) - {"__init__"} == _public(cls), name
         built = _parameters(cls.__init__.__doc__)
         assert members["__init__"] == built, name
+    for name, bases in errors.items():
+        assert [b.__name__ for b in getattr(_core, name).__bases__] == bases, name
 
 
 def test_the_stub_ships_with_the_package():
