@@ -109,7 +109,7 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
                   stats),
       stall_(DupOrNull(comm.mpi, comm.mpi != MPI_COMM_NULL && (config.stall_check_seconds > 0 ||
                                                                config.stall_shutdown_seconds > 0)),
-             global_ranks_, id,
+             transport_->rank(), global_ranks_, id,
              config.stall_check_seconds > 0 ? config.stall_check_seconds
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_->rank();
@@ -287,6 +287,8 @@ void ProcessSetWorker::InspectStalls(Clock::time_point now) {
   }
   stall_failure_ = os.str();
   abort_.store(true);  // the poller throws on its next wake-up; the loop reports it
+  // Gloo's waits do not poll: end the loop here (this runs on the worker thread).
+  if (gloo_) throw std::runtime_error(stall_failure_);
 }
 
 std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {

@@ -58,12 +58,13 @@ bool Decode(const std::string& in, std::vector<StallInspector::Pending>* out) {
 
 }  // namespace
 
-StallInspector::StallInspector(MPI_Comm comm, std::vector<int> global_ranks, int process_set_id,
-                               double check_seconds)
+StallInspector::StallInspector(MPI_Comm comm, int rank, std::vector<int> global_ranks,
+                               int process_set_id, double check_seconds)
     : comm_(comm),
       global_ranks_(std::move(global_ranks)),
       process_set_id_(process_set_id),
-      check_seconds_(comm == MPI_COMM_NULL ? 0 : check_seconds) {
+      check_seconds_(check_seconds),
+      rank_(rank) {
   if (comm_ != MPI_COMM_NULL) HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
   // Reports arrive a few times per check period, at most once a second.
   double interval = std::max(1.0, check_seconds_ / 4);
@@ -195,10 +196,10 @@ void StallInspector::Tick(const std::vector<Pending>& mine, Coordinator* coordin
     bool old = std::any_of(mine.begin(), mine.end(), [&](const Pending& p) {
       return p.waited_seconds >= std::min(1.0, check_seconds_ / 2);
     });
-    if (old) SendReport(mine, now);
+    if (old && comm_ != MPI_COMM_NULL) SendReport(mine, now);
     return;
   }
-  ReadReports(now);
+  if (comm_ != MPI_COMM_NULL) ReadReports(now);
   if (now < next_warning_) return;
   std::string text = Describe(mine, coordinator, now, check_seconds_);
   if (text.empty()) return;

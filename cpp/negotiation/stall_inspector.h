@@ -3,7 +3,7 @@
 // name the missing ranks even while they never enter a negotiation).
 //
 // Every rank with old pending work sends its list of pending names to set
-// rank 0 over a dedicated communicator (point-to-point, nonblocking, rate
+// rank 0 over a dedicated communicator (MPI controller only) (point-to-point, nonblocking, rate
 // limited). Set rank 0 merges those reports with its own pending work and
 // its coordinator table and logs one warning per stalled tensor per period.
 // Owned and called only by the set's worker thread.
@@ -31,7 +31,10 @@ class StallInspector {
   };
 
   // Takes ownership of `comm`. `check_seconds` <= 0 disables everything.
-  StallInspector(MPI_Comm comm, std::vector<int> global_ranks, int process_set_id,
+  // Without a communicator (MPI_COMM_NULL: the Gloo controller) no reports
+  // are sent: set rank `rank` 0 warns from its own pending work and its
+  // coordinator table alone, as Horovod's stall check does.
+  StallInspector(MPI_Comm comm, int rank, std::vector<int> global_ranks, int process_set_id,
                  double check_seconds);
   ~StallInspector();
   StallInspector(const StallInspector&) = delete;

@@ -89,3 +89,21 @@ def test_shutdown_ends_a_wait_on_a_stopped_peer():
     assert rc0 == 0, dump(results)
     assert rc1 == -9, dump(results)  # stopped until rank 0 killed it
     assert "the pending op: HorovodInternalError" in out0, out0
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_stall_inspector_names_the_ranks_and_shuts_down(size):
+    results = run_ranks("gloo_stall.py", size, timeout=120,
+                        env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4"})
+    others = ", ".join(str(r) for r in range(size - 1))
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and f"rank {r}/{size}: stall shutdown:" in out, dump(results)
+    # Rank 0 (the coordinator) names who submitted each tensor and who did not.
+    warning = results[0][1]
+    assert ("allreduce 'allreduce.stall.a' waiting" in warning
+            and f"submitted by rank(s) {others}; not submitted by rank(s) {size - 1}"
+            in warning), dump(results)
+    assert ("allreduce 'allreduce.stall.b' waiting" in warning
+            and f"submitted by rank(s) {size - 1}; not submitted by rank(s) {others}"
+            in warning), dump(results)
