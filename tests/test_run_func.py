@@ -103,12 +103,32 @@ def _noop():
     return None
 
 
-def test_deprecated_np_warns_and_gloo_is_refused():
+def test_deprecated_np_warns_and_gloo_refuses_what_it_cannot_do():
     with pytest.warns(DeprecationWarning, match="np= is deprecated, use num_proc="):
-        with pytest.raises(ValueError, match="starts its ranks with mpirun only"):
-            hvd.run(_noop, np=2, use_gloo=True)
+        with pytest.raises(ValueError, match="starts no mpirun, so mpi_args has nothing"):
+            hvd.run(_noop, np=2, use_gloo=True, mpi_args="--bind-to none")
     with pytest.raises(ValueError, match="cannot both be True"):
         hvd.run(_noop, use_gloo=True, use_mpi=True)
+    with pytest.raises(ValueError, match=r"elastic jobs \(min_num_proc\) run on MPI only"):
+        hvd.run(_noop, num_proc=2, min_num_proc=1, use_gloo=True)
+
+
+def _gloo_report(offset):
+    from hvdcompat.runner import mpi_world
+
+    report = _rank_report(offset)
+    report["gloo"] = (hvd.gloo_enabled(), hvd.mpi_enabled(), mpi_world.launched_by_mpi())
+    return report
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_use_gloo_runs_the_ranks_on_the_gloo_controller(deadline, size, tmp_path):
+    # Horovod's horovod.run(use_gloo=True): no mpirun; the values still come back by rank.
+    values = hvd.run(_gloo_report, args=(7,), num_proc=size, use_gloo=True, start_timeout=START,
+                     output_filename=tmp_path / "out")
+    assert values == [dict(e, gloo=(True, False, False)) for e in _expected(size, 7)]
+    for rank in range(size):
+        assert f"rank {rank} reporting" in (tmp_path / "out" / f"rank.{rank}" / "stdout").read_text()
 
 
 def _elastic_sum(steps, fail_rank, fail_step):

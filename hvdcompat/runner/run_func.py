@@ -160,9 +160,14 @@ def _launcher_parser():
 
 def _launch(options, listener, job, secret, timeout, addresses, executable, output_filename,
             verbose):
-    """Runs the job with one mpirun; returns its exit code (None when it had to be stopped)."""
-    cmd, env = run_job.plan(options, listener.port, addresses, secret, timeout, executable,
-                            output_filename)
+    """Runs the job with one mpirun (or ``hvdcompatrun --gloo``); returns its exit code (None
+    when it had to be stopped)."""
+    if options.gloo:
+        cmd, env = run_job.plan_gloo(options.run_tokens, listener.port, addresses, secret,
+                                     timeout, executable, output_filename)
+    else:
+        cmd, env = run_job.plan(options, listener.port, addresses, secret, timeout, executable,
+                                output_filename)
     if verbose:
         print("hvdcompat.run: " + shlex.join(cmd), flush=True)
     listener.start()
@@ -213,10 +218,12 @@ def _validated_plan(func, args, kwargs, num_proc, elastic, hosts, hostfile, star
         raise ValueError("hvdcompat.run: give hosts or hostfile, not both")
     if use_gloo and use_mpi:
         raise ValueError("hvdcompat.run: use_gloo and use_mpi cannot both be True")
-    if use_gloo:
-        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat.run starts its ranks with "
-                         "mpirun only. Leave use_gloo unset (or pass use_mpi=True), or run a "
-                         "script on the Gloo controller with hvdcompatrun --gloo or torchrun.")
+    if use_gloo and elastic:
+        raise ValueError("hvdcompat.run(use_gloo=True): elastic jobs (" + ", ".join(elastic)
+                         + ") run on MPI only; drop use_gloo or the elastic parameters")
+    if use_gloo and mpi_args:
+        raise ValueError("hvdcompat.run(use_gloo=True) starts no mpirun, so mpi_args has "
+                         "nothing to go to; drop one of them")
     discovery = elastic.get("host_discovery_script")
     if num_proc is None and not (elastic and (hosts or hostfile or discovery)):
         num_proc = 1
@@ -232,10 +239,12 @@ def _validated_plan(func, args, kwargs, num_proc, elastic, hosts, hostfile, star
                         f"cloudpickle to reach the ranks: {type(e).__name__}: {e}") from e
 
     parser = _launcher_parser()
-    tokens = _launcher_options(parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
+    tokens = (["--gloo"] if use_gloo else []) + _launcher_options(
+        parser, num_proc, hosts, hostfile, mpi_args, verbose, extra)
     if elastic:
         tokens += elastic_run.elastic_options(elastic, hosts, hostfile)
     options = parser.parse_args(tokens)
+    options.run_tokens = tokens  # what the Gloo launch passes on to hvdcompatrun
     if discovery is not None:
         host_list = elastic_run.discovered_hosts(options)
     else:
@@ -279,7 +288,7 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     """Runs ``func(*args, **kwargs)`` on every rank of a new job; returns the values.
 
     The job is launched as hvdcompatrun launches one (through mpirun, with the
-    same environment forwarding), and the ranks' output goes to this
+    same environment forwarding; with ``use_gloo``, as ``hvdcompatrun --gloo``), and the ranks' output goes to this
     process's stdout and stderr. ``func`` typically calls ``hvd.init()``;
     every rank runs it, so every rank must reach the same collectives.
 
@@ -317,12 +326,15 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
             no cache of launch checks, so it has no effect.
         output_filename: directory for the ranks' output files instead of
             this process's stdout/stderr (Open MPI only, as mpirun writes them:
-            ``DIR/<job>/rank.N/stdout`` with Open MPI 5).
+            ``DIR/<job>/rank.N/stdout`` with Open MPI 5); with ``use_gloo``,
+            ``DIR/rank.N/stdout`` and ``stderr``, the output also reaching
+            this process's.
         verbose: print the mpirun command before running it.
-        use_gloo: must be falsy: ``hvdcompat.run`` starts its ranks with
-            mpirun only. To run on the Gloo controller, launch a script with
-            ``hvdcompatrun --gloo`` or torchrun instead.
-        use_mpi: accepted (``hvdcompat.run`` always uses MPI).
+        use_gloo: run on the Gloo controller: the ranks are started as
+            ``hvdcompatrun --gloo`` starts them (no mpirun; ssh for other
+            hosts; see docs/launching-without-mpi.md). Not with the elastic
+            parameters or ``mpi_args``.
+        use_mpi: accepted (MPI is the default).
         mpi_args: extra mpirun arguments, one string (``--mpi-args``).
         network_interface: network interfaces for MPI, comma-separated
             (hvdcompatrun's ``--network-interfaces``).

@@ -120,10 +120,8 @@ class Job:
             time.sleep(0.05)
 
 
-def plan(options, port, addresses, secret, timeout, executable, output_filename, extra_env=None):
-    """The mpirun argv and environment that start every rank's run_task."""
-    from hvdcompat.runner import launch
-
+def _task(port, addresses, secret, timeout, executable, extra_env=None):
+    """Every rank's run_task command and the environment it starts in."""
     command = [executable or sys.executable, "-m", "hvdcompat.runner.run_task",
                "--driver", f"{','.join(addresses)}:{port}", "--start-timeout", f"{timeout:g}"]
     if _alias_active():
@@ -132,6 +130,25 @@ def plan(options, port, addresses, secret, timeout, executable, output_filename,
     environ.update(extra_env or {})
     environ[channel.SECRET_ENV] = secret.hex()
     environ["PYTHONPATH"] = _rank_pythonpath(environ)
+    return command, environ
+
+
+def plan_gloo(tokens, port, addresses, secret, timeout, executable, output_filename):
+    """The ``hvdcompatrun --gloo`` argv (``tokens``: its options) and environment that start
+    every rank's run_task on the Gloo controller; per-rank output files go to
+    ``output_filename/rank.N/``."""
+    command, environ = _task(port, addresses, secret, timeout, executable)
+    cmd = [sys.executable, "-m", "hvdcompat.runner.launch", *tokens]
+    if output_filename is not None:
+        cmd += ["--output-filename", os.fspath(output_filename)]
+    return cmd + command, environ
+
+
+def plan(options, port, addresses, secret, timeout, executable, output_filename, extra_env=None):
+    """The mpirun argv and environment that start every rank's run_task."""
+    from hvdcompat.runner import launch
+
+    command, environ = _task(port, addresses, secret, timeout, executable, extra_env)
     try:
         cmd, env = launch.plan_launch(options, command, environ=environ, relayed=False)
     except launch.LaunchError as e:

@@ -36,9 +36,12 @@ def world_rank(environ=None):
     rank = mpi_world.world_rank(environ)
     if rank is not None:
         return rank
+    environ = os.environ if environ is None else environ
+    if environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") and environ.get("HOROVOD_RANK", "").isdigit():
+        return int(environ["HOROVOD_RANK"])  # hvdcompat.run(use_gloo=True): hvdcompatrun --gloo
     raise RuntimeError("hvdcompat.runner.run_task: no MPI rank in the environment (none of "
-                       + ", ".join(mpi_world.RANK) + " is set); it is started by hvdcompat.run "
-                       "through mpirun, not by hand")
+                       + ", ".join(mpi_world.RANK) + " is set, nor HOROVOD_RANK under "
+                       "hvdcompatrun --gloo); it is started by hvdcompat.run, not by hand")
 
 
 def _parse(argv):
