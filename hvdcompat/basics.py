@@ -224,7 +224,9 @@ def _exit_as_failed_rank():
     see it as lost. Without ULFM the job ends anyway, so nothing changes.
     """
     try:
-        _exit.as_failed_rank = _core.is_initialized() and _core.fault_tolerance_enabled()
+        # On Gloo the survivors notice a lost rank by its closed sockets.
+        _exit.as_failed_rank = _core.is_initialized() and (
+            _core.fault_tolerance_enabled() or bool(getattr(_core, "gloo_enabled", bool)()))
     except Exception:  # noqa: BLE001 - MPI may be gone already; then exit normally
         _exit.as_failed_rank = False
 

@@ -16,6 +16,7 @@
 #include "bindings/runtime_lease.h"
 #include "autotune/parameter_manager.h"
 #include "engine/elastic_reset.h"
+#include "engine/gloo_reset.h"
 #include "core/checked_math.h"
 #include "core/env.h"
 #include "core/logging.h"
@@ -173,9 +174,21 @@ std::vector<int> ElasticReset() {
     old = core.runtime;
   }
   if (old->on_gloo()) {
-    throw py::value_error("hvd.elastic reset on the Gloo controller: rebuilding the job in place "
-                          "runs on the MPI controller only; run elastic jobs with "
-                          "hvdcompatrun (MPI) or restart the job");
+    // Note [Elastic reset on Gloo] (engine/gloo_reset.h).
+    GlooResetResult r;
+    try {
+      r = RebuildGlooFromSurvivors(old);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(core.mu);
+      if (core.runtime == old) core.runtime.reset();
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(core.mu);
+      core.runtime = std::move(r.runtime);
+    }
+    old.reset();
+    return r.survivors;
   }
   // Another thread's call meanwhile meets the stopped old runtime and fails.
   ResetResult r;

@@ -64,19 +64,11 @@ bool FaultToleranceEnabled() {
 #endif
 }
 
-namespace {
-
-// Steps 2 (the survivors' ranks) and 3 of Note [Elastic reset] on the shrunk
-// `out->world`: the sets' surviving members, then the new runtime.
-void BuildOnSurvivors(MPI_Comm old_world, const std::vector<std::pair<int, std::vector<int>>>& old_sets,
-                      InitOptions* options, ResetResult* out) {
+void KeepSurvivingSets(const std::vector<std::pair<int, std::vector<int>>>& old_sets,
+                       const std::vector<int>& survivors, InitOptions* options) {
   InitOptions& opts = *options;
-  ResetResult& result = *out;
-  result.survivors = OldRanks(old_world, result.world);
   std::map<int, int> new_rank;  // old world rank -> new world rank
-  for (size_t i = 0; i < result.survivors.size(); ++i) {
-    new_rank[result.survivors[i]] = static_cast<int>(i);
-  }
+  for (size_t i = 0; i < survivors.size(); ++i) new_rank[survivors[i]] = static_cast<int>(i);
   for (const auto& [id, ranks] : old_sets) {
     std::vector<int> kept;
     for (int r : ranks) {
@@ -85,7 +77,7 @@ void BuildOnSurvivors(MPI_Comm old_world, const std::vector<std::pair<int, std::
     }
     // A set that lost every member, or now equals another set or the whole
     // world, is dropped: a set must be distinct to be registered.
-    bool duplicate = static_cast<int>(kept.size()) == static_cast<int>(result.survivors.size()) ||
+    bool duplicate = kept.size() == survivors.size() ||
                      std::find(opts.process_sets.begin(), opts.process_sets.end(), kept) !=
                          opts.process_sets.end();
     if (kept.empty() || duplicate) {
@@ -97,8 +89,28 @@ void BuildOnSurvivors(MPI_Comm old_world, const std::vector<std::pair<int, std::
     opts.process_sets.push_back(kept);
     opts.process_set_ids.push_back(id);
   }
-  opts.comm = result.world;
-  result.runtime = std::make_shared<Runtime>(opts);  // step 3
+}
+
+std::vector<std::pair<int, std::vector<int>>> RegisteredSets(const Runtime& rt) {
+  std::vector<std::pair<int, std::vector<int>>> sets;
+  for (int id : rt.ProcessSetIds()) {
+    if (id == 0) continue;
+    if (auto info = rt.GetProcessSet(id)) sets.emplace_back(id, info->ranks);
+  }
+  return sets;
+}
+
+namespace {
+
+// Steps 2 (the survivors' ranks) and 3 of Note [Elastic reset] on the shrunk
+// `out->world`: the sets' surviving members, then the new runtime.
+void BuildOnSurvivors(MPI_Comm old_world, const std::vector<std::pair<int, std::vector<int>>>& old_sets,
+                      InitOptions* options, ResetResult* out) {
+  ResetResult& result = *out;
+  result.survivors = OldRanks(old_world, result.world);
+  KeepSurvivingSets(old_sets, result.survivors, options);
+  options->comm = result.world;
+  result.runtime = std::make_shared<Runtime>(*options);  // step 3
 }
 
 }  // namespace
@@ -110,11 +122,7 @@ ResetResult RebuildFromSurvivors(const std::shared_ptr<Runtime>& old) {
   InitOptions opts;
   opts.dynamic_process_sets = old->dynamic_process_sets();
   opts.continue_timeline = true;
-  std::vector<std::pair<int, std::vector<int>>> old_sets;
-  for (int id : old->ProcessSetIds()) {
-    if (id == 0) continue;
-    if (auto info = old->GetProcessSet(id)) old_sets.emplace_back(id, info->ranks);
-  }
+  const auto old_sets = RegisteredSets(*old);
   // Step 1. Device communicators first: ncclCommDestroy (and draining work
   // queued on them) may wait forever on a dead peer, ncclCommAbort does not;
   // the new runtime makes new ones, with a new unique id, at its first GPU

@@ -64,6 +64,14 @@ struct ResetResult {
   std::vector<int> survivors;        // their ranks in the old world, in new-rank order
 };
 
+// The registered process sets of `rt` other than the global one: (id, global ranks).
+std::vector<std::pair<int, std::vector<int>>> RegisteredSets(const Runtime& rt);
+// Adds to `options` the sets of `old_sets` with their members among
+// `survivors` (old ranks, in new-rank order), renumbered, keeping their ids;
+// a set left empty or equal to another (or to the world) is dropped.
+void KeepSurvivingSets(const std::vector<std::pair<int, std::vector<int>>>& old_sets,
+                       const std::vector<int>& survivors, InitOptions* options);
+
 // Steps 1-3 of Note [Elastic reset]. `old` is stopped but left alive for
 // threads still holding it. Throws CommunicationError when the shrink fails
 // and LibraryError when fault tolerance is not enabled while ranks are lost.

@@ -308,7 +308,8 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
        << " failed (the process exited, was killed, or lost its "
        << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
        << "; collectives cannot complete without it. Look for that rank's own error first; "
-       << (gloo_ ? "restart the job."
+       << (gloo_ ? "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
+                   "--gloo --min-np N to continue with the survivors from the last commit."
                  : "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
                    "--fault-tolerant to continue with the survivors from the last commit.");
   } else {

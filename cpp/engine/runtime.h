@@ -103,6 +103,8 @@ class Runtime {
   // The MPI context; only on the MPI controller (on_gloo() false).
   const MpiContext& mpi() const { return *mpi_; }
   bool on_gloo() const { return gloo_ != nullptr; }
+  // The Gloo job; only on the Gloo controller (on_gloo() true).
+  GlooJob& gloo() const { return *gloo_; }
   // Rank, size and topology, on either controller.
   const JobTopology& job() const { return job_->topology(); }
   const Config& config() const { return config_; }

@@ -159,14 +159,15 @@ void GlooJob::Join() {
   const std::string where = options_.store->Describe();
   const std::string who = "hvd.init on the Gloo controller (rank " + std::to_string(rank) + ")";
   try {
-    options_.store->Set("join/" + std::to_string(rank), std::to_string(size));
+    options_.store->Set(options_.key_prefix + "join/" + std::to_string(rank),
+                        std::to_string(size));
   } catch (const std::exception& e) {
     throw LibraryError(who + ": could not write to the rendezvous store (" + where + "): " +
                        e.what() + ". Check that the launch's store is reachable (MASTER_ADDR/"
                        "MASTER_PORT, HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT) and serving.");
   }
   std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("join/" + std::to_string(r));
+  for (int r = 0; r < size; ++r) keys.push_back(options_.key_prefix + "join/" + std::to_string(r));
   try {
     options_.store->Wait(keys, timeout_);
   } catch (const std::exception& e) {
@@ -205,8 +206,9 @@ void GlooJob::Join() {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout_);
   try {
-    ctx->connectFullMesh(std::make_shared<StoreAdapter>(options_.store, "mesh/", timeout_),
-                         device_);
+    auto store = std::make_shared<StoreAdapter>(options_.store, options_.key_prefix + "mesh/",
+                                                timeout_);
+    ctx->connectFullMesh(store, device_);
   } catch (const std::exception& e) {
     throw LibraryError(who + ": Gloo could not connect its TCP pairs to the other " +
                        std::to_string(size - 1) + " ranks (this rank bound to " + address_ +
@@ -304,7 +306,9 @@ std::shared_ptr<gloo::Context> GlooJob::SubsetContext(const std::vector<int>& ra
                                                          static_cast<int>(ranks.size()));
   ctx->setTimeout(timeout_);
   try {
-    ctx->connectFullMesh(std::make_shared<StoreAdapter>(options_.store, prefix, timeout_), device_);
+    auto store = std::make_shared<StoreAdapter>(options_.store, options_.key_prefix + prefix,
+                                                timeout_);
+    ctx->connectFullMesh(store, device_);
   } catch (const std::exception& e) {
     throw CommunicationError("Gloo: connecting process set ranks [" + RankList(ranks) +
                              "] on rank " + std::to_string(options_.rank) + " through " +

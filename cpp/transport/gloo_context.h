@@ -45,6 +45,10 @@ struct GlooOptions {
   std::string iface;       // network interface for the TCP device
   std::string bind_host;   // address/host to bind to when no interface is named
   double timeout_s = 30.0;
+  // Before every key of this job's (Note [Elastic reset on Gloo]): "" at
+  // init, "reset/<generation>/" for the world an elastic reset builds.
+  std::string key_prefix;
+  int generation = 0;  // elastic resets before this world
 };
 
 // Returns what a gloo/std exception says, prefixed by `what`, as a

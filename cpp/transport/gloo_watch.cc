@@ -74,6 +74,9 @@ bool GlooWatch::Look(Entry* e, gloo::Context& ctx) {
   if (!e->lost.empty()) return true;
   e->lost = ClosedPeers(ctx);
   if (e->lost.empty()) return false;
+  for (int i : e->lost) {
+    if (i < static_cast<int>(e->ranks.size())) lost_ranks_.insert(e->ranks[i]);
+  }
   if (!e->doomed) {
     e->doomed = true;
     e->abort_at = std::chrono::steady_clock::now() + kAbortGrace;
@@ -106,6 +109,11 @@ std::vector<int> GlooWatch::Lost(const std::shared_ptr<gloo::Context>& ctx) {
     return e.lost;
   }
   return ClosedPeers(*ctx);
+}
+
+std::vector<int> GlooWatch::LostRanks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::vector<int>(lost_ranks_.begin(), lost_ranks_.end());
 }
 
 void GlooWatch::Loop() {

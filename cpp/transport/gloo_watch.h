@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,8 @@ class GlooWatch {
   // context's pairs after the grace: the caller's collective failed, and its
   // peers must not wait on this rank forever.
   std::vector<int> Lost(const std::shared_ptr<gloo::Context>& ctx);
+  // Every global rank found lost on any context so far, sorted.
+  std::vector<int> LostRanks();
   // Every member whose pair is closed now (indices), without recording.
   static std::vector<int> ClosedPeers(gloo::Context& ctx);
   // Fails every pair of `ctx` with `why`: its pending and later calls throw.
@@ -74,13 +77,14 @@ class GlooWatch {
   };
   void Loop();
   // Records what `e` finds (mu_ held); true when it found lost members.
-  static bool Look(Entry* e, gloo::Context& ctx);
+  bool Look(Entry* e, gloo::Context& ctx);
   static std::string AbortMessage(const Entry& e);
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<Entry> entries_;
+  std::set<int> lost_ranks_;  // global ranks, every context's
   std::thread thread_;
 };
 

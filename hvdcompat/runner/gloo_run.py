@@ -283,17 +283,23 @@ def _stop_all(procs):
                 pass
 
 
-def run_gloo(args, command, plan_common, supervisor):
+def run_gloo(args, command, plan_common, supervisor, driver=None):
     """Runs the job of ``hvdcompatrun --gloo``; returns its exit code.
 
     Args:
         plan_common: callable(args, command) -> (command, environ, hosts, np, nics, ssh)
             from the launcher (command checks, tuning variables, host lists).
         supervisor: path of rank_supervisor.py.
+        driver: the elastic driver (hvdcompat/runner/elastic.py) of a launch with
+            elastic flags: its variables go to every rank, a lost rank does not
+            stop the others (they shrink the job in place, Note [Elastic reset on
+            Gloo] in cpp/engine/gloo_reset.h), and the exit code is its verdict.
     """
     from hvdcompat import store as _store
 
     command, environ, hosts, np, nics, ssh = plan_common(args, command)
+    if driver is not None:
+        environ = {**environ, **driver.environment()}
     timeout_s = args.gloo_timeout_seconds or float(
         environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or _store.DEFAULT_TIMEOUT_SECONDS)
     start_timeout = args.start_timeout or float(environ.get("HOROVOD_START_TIMEOUT") or 30)
@@ -337,11 +343,19 @@ def run_gloo(args, command, plan_common, supervisor):
         raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
     # Every rank writes to our stdout/stderr: whole lines, so ranks never mix within one.
     relay = _exit_report.OutputRelay(pairs, whole_lines=True)
-    code = _wait(procs)
+    code = _wait(procs, stop_on_failure=driver is None)
     relay.join(timeout=5)
     del server
     # The supervisors' reports say which rank failed first (and how).
     code = _exit_report.first_failure_code(relay.reports) or code
+    if driver is not None:
+        verdict = driver.verdict(code, started=np)
+        if verdict != 0:
+            line = _exit_report.summary(verdict, relay.reports, [], None)
+            if line:
+                sys.stdout.flush()
+                print(line, file=sys.stderr, flush=True)
+        return verdict
     line = _exit_report.summary(code, relay.reports, [], None)
     if line:
         sys.stdout.flush()
@@ -349,8 +363,9 @@ def run_gloo(args, command, plan_common, supervisor):
     return code
 
 
-def _wait(procs):
-    """Waits for every rank; after the first failure, FAILURE_GRACE_SECONDS, then stops the rest.
+def _wait(procs, stop_on_failure=True):
+    """Waits for every rank; after the first failure, FAILURE_GRACE_SECONDS, then stops the rest
+    (unless not `stop_on_failure`: an elastic job's survivors go on).
 
     Forwards SIGINT/SIGTERM to every rank. Returns 0, or the first failed
     rank's code (128 + signal when it was killed).
@@ -373,7 +388,7 @@ def _wait(procs):
                         first = p.returncode if p.returncode > 0 else 128 - p.returncode
                         failed_at = time.monotonic()
                         break
-            elif time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
+            elif stop_on_failure and time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
                 _stop_all(procs)
                 break
             time.sleep(0.1)

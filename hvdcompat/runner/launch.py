@@ -463,6 +463,22 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
     return code
 
 
+def _run_gloo_elastic(args, command):
+    """``hvdcompatrun --gloo`` with elastic flags: lost ranks shrink the job in place."""
+    if args.host_discovery_script or args.blacklist_cooldown_range:
+        raise LaunchError(
+            "hvdcompatrun --gloo: --host-discovery-script and --blacklist-cooldown-range are not "
+            "supported on the Gloo controller yet (hosts joining or leaving a running Gloo job); "
+            "on Gloo the elastic flags --min-np and --reset-limit let the survivors of lost "
+            "ranks continue in place. Drop --gloo to grow or shrink by host discovery on MPI.")
+    try:
+        _elastic.check_elastic_args(args, args.num_proc)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    with _elastic.ElasticDriver(args) as driver:
+        return _gloo_run.run_gloo(args, command, _plan_gloo, SUPERVISOR, driver=driver)
+
+
 def main(argv=None):
     """Entry point of the ``hvdcompatrun`` console script; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -478,8 +494,7 @@ def main(argv=None):
         _gloo_run.check_gloo_args(args)
         if args.gloo:
             if _elastic.elastic_requested(args):
-                raise LaunchError("hvdcompatrun: elastic training runs on MPI here; drop --gloo "
-                                  "(the elastic flags then launch through mpirun)")
+                return _run_gloo_elastic(args, command)
             return _gloo_run.run_gloo(args, command, _plan_gloo, SUPERVISOR)
     except LaunchError as e:
         print(e, file=sys.stderr)

@@ -583,7 +583,7 @@ class ElasticDriver:
         if finished and (mpirun_code != 0 or (started and len(done) < started)):
             print(f"hvdcompatrun: training finished on {len(done)}"
                   + (f" of {started}" if started else "") + " rank(s)"
-                  + (f"; mpirun's exit code {mpirun_code} is from the ranks lost on the way"
+                  + (f"; the launch's exit code {mpirun_code} is from the ranks lost on the way"
                      if mpirun_code else ""), file=self.out, flush=True)
             return 0
         return mpirun_code
