@@ -7,6 +7,8 @@ Environment:
     DRILL_HOSTNAME: the host whose ranks are lost.
     DRILL_OUT: directory for the reports (the launcher may stop forwarding
         output once the job has lost a process).
+    DRILL_SURVIVORS: how many survivors report; each waits (up to 30 s) for
+        the others' reports before it exits.
 
 Each rank writes $DRILL_OUT/ready-<rank> once it trained; a lost rank writes
 $DRILL_OUT/lost (wall-clock time) just before it dies. Survivors write
@@ -61,5 +63,19 @@ except Exception as e:  # noqa: BLE001 - reporting what arrived
     except hvd.HorovodInternalError as e2:
         out.write(f"AFTER {rank} {type(e2).__name__}\n")
 out.close()
+# A survivor that exits is a failed process to the others (no MPI_Finalize under
+# ULFM): wait (bounded) until every survivor has reported, so that none of them
+# is told of a survivor's exit in place of the lost host.
+survivors = int(os.environ.get("DRILL_SURVIVORS", "0"))
+deadline = time.monotonic() + 30
+
+
+def _reported():
+    names = [n for n in os.listdir(out_dir) if n.isdigit()]
+    return sum("AFTER" in open(os.path.join(out_dir, n)).read() for n in names)
+
+
+while _reported() < survivors and time.monotonic() < deadline:
+    time.sleep(0.1)
 sys.stdout.flush()
 os._exit(0)
