@@ -70,7 +70,7 @@ def nccl_version():
 def _gpu_operations_mpi():
     if _core.is_initialized():
         return _core.config()["gpu_operations"] == "MPI"
-    return _core.knob("GPU_OPERATIONS").strip().upper() == "MPI"
+    return _core.setting("GPU_OPERATIONS") == "MPI"
 
 
 def unavailable_reason():

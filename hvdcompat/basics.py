@@ -237,7 +237,7 @@ def _mark_final_world():
     The driver takes the job's exit code from these processes' own exit
     codes (their rank supervisors record them); see ElasticDriver.verdict.
     """
-    directory = _core.knob("ELASTIC_DIR")
+    directory = _core.setting("ELASTIC_DIR")
     rank = mpi_world.world_rank()
     if not directory or rank is None:
         return

@@ -105,7 +105,7 @@ class _DistributedOptimizer:
         self._group_counts = {}
         self._name_prefix = ""
         self._communicates = bool(process_set.included()) and (
-            process_set.size() > 1 or _core.knob("ELASTIC") == "1")
+            process_set.size() > 1 or _core.setting("ELASTIC"))
         if self._communicates:
             # Keyed by the member ranks, not the set id: ids are reused after
             # remove_process_set, and a reused id may have other members.

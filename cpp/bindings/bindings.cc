@@ -28,6 +28,7 @@ namespace py = pybind11;
 namespace hvdcompat {
 
 void RegisterGpuBindings(py::module_& m);
+void RegisterKnobBindings(py::module_& m);
 
 namespace {
 
@@ -338,21 +339,6 @@ py::dict ConfigDict() {
   return d;
 }
 
-py::list Knobs() {
-  py::list out;
-  for (const auto& k : AllKnobs()) {
-    py::dict d;
-    d["name"] = std::string("HVDCOMPAT_") + k.suffix;
-    d["horovod_name"] = k.horovod_alias ? py::object(py::str(std::string("HOROVOD_") + k.suffix))
-                                        : py::object(py::none());
-    d["default"] = k.default_value;
-    d["unit"] = k.unit;
-    d["help"] = k.help;
-    out.append(d);
-  }
-  return out;
-}
-
 py::dict BuildInfo() {
   py::dict d;
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -628,13 +614,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("reset_engine_stats", [] { RuntimeLease()->stats().Reset(); });
   m.def("autotune_history", &AutotuneHistory);
   m.def("config", &ConfigDict);
-  m.def("knobs", &Knobs);
-  m.def("knob", [](const std::string& suffix) {
-    for (const auto& k : AllKnobs()) {
-      if (suffix == k.suffix) return KnobString(k.knob);
-    }
-    throw py::key_error("no knob HVDCOMPAT_" + suffix);
-  }, py::arg("suffix"), "A knob's value (HVDCOMPAT_ first, then HOROVOD_, then its default).");
   m.def("build_info", &BuildInfo);
   m.def("reducescatter_rows", &ReducescatterRows, py::arg("rows"), py::arg("size"), py::arg("rank"),
         "Rows of dimension 0 that set rank `rank` receives from reducescatter.");
@@ -666,5 +645,6 @@ PYBIND11_MODULE(_core, m) {
   m.attr("AUTOTUNE_LOG_HEADER") = ParameterManager::kLogHeader;
 
   RegisterGpuBindings(m);
+  RegisterKnobBindings(m);
   RegisterGlooBindings(m);
 }

@@ -124,6 +124,16 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kDdpFusionThreshold, "DDP_FUSION_THRESHOLD", false, "0", "bytes",
        "DDP comm hook, process-group route: pack consecutive buckets into one op up to this size "
        "(0: off, which keeps backward and communication overlapped)."},
+      // The launchers (read by hvdcompat.run and hvdcompatrun).
+      {Knob::kStartTimeout, "START_TIMEOUT", true, "30", "s",
+       "hvdcompat.run and hvdcompatrun --gloo: seconds every rank has to start and connect "
+       "back (--start-timeout)."},
+      {Knob::kGlooTimeoutSeconds, "GLOO_TIMEOUT_SECONDS", true, "30", "s",
+       "Gloo controller: seconds a rank waits for the launch's store and its peers "
+       "(hvdcompatrun --gloo passes it to the ranks; --gloo-timeout-seconds)."},
+      {Knob::kMpirun, "MPIRUN", false, "", "path",
+       "The mpirun hvdcompatrun and hvdcompat.run start (default: the one beside the MPI "
+       "hvdcompat was built with, then PATH)."},
   };
   return knobs;
 }
@@ -135,63 +145,157 @@ const KnobSpec& SpecOf(Knob knob) {
   throw InternalError("knob without a declaration");
 }
 
-std::string KnobString(Knob knob, std::string* source) {
-  const KnobSpec& spec = SpecOf(knob);
+namespace {
+
+std::string Lower(std::string v) {
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
+
+[[noreturn]] void BadValue(const KnobSpec& spec, const std::string& value,
+                           const std::string& source, const std::string& expected) {
+  throw InvalidArgument(source + "=" + value + " is not valid: expected " + expected + " (" +
+                        spec.help + ")");
+}
+
+[[noreturn]] void BadValue(Knob knob, const std::string& value, const std::string& source,
+                           const std::string& expected) {
+  BadValue(SpecOf(knob), value, source, expected);
+}
+
+std::vector<std::string> Choices(const KnobSpec& spec) {
+  std::vector<std::string> out;
+  std::string unit = spec.unit;
+  size_t start = 0;
+  while (true) {
+    size_t bar = unit.find('|', start);
+    out.push_back(unit.substr(start, bar == std::string::npos ? std::string::npos : bar - start));
+    if (bar == std::string::npos) return out;
+    start = bar + 1;
+  }
+}
+
+}  // namespace
+
+KnobKind KindOf(const KnobSpec& spec) {
+  const std::string unit = spec.unit;
+  if (unit == "bool") return KnobKind::kBool;
+  if (unit.find('|') != std::string::npos) return KnobKind::kChoice;
+  if (unit == "path" || unit == "name" || unit == "cores" || unit == "level") {
+    return KnobKind::kText;
+  }
+  if (unit == "ms" || unit == "s" || unit == "sd") return KnobKind::kFloat;
+  if (unit == "bytes" || unit == "entries" || unit == "streams" || unit == "us" ||
+      unit == "ranks" || unit == "resets" || unit == "samples" || unit == "steps" ||
+      unit == "segments") {
+    return KnobKind::kInt;
+  }
+  throw InternalError(std::string("knob HVDCOMPAT_") + spec.suffix + " has unit '" + unit +
+                      "', which names no kind (core/env.cc KindOf)");
+}
+
+const char* KindName(KnobKind kind) {
+  switch (kind) {
+    case KnobKind::kBool: return "bool";
+    case KnobKind::kInt: return "int";
+    case KnobKind::kFloat: return "float";
+    case KnobKind::kChoice: return "choice";
+    case KnobKind::kText: return "text";
+  }
+  return "text";
+}
+
+const EnvLookup& ProcessEnvironment() {
+  static const EnvLookup lookup = [](const std::string& name, std::string* value) {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return false;
+    *value = v;
+    return true;
+  };
+  return lookup;
+}
+
+std::string KnobRaw(const KnobSpec& spec, const EnvLookup& env, std::string* source) {
   std::string ours = std::string("HVDCOMPAT_") + spec.suffix;
-  if (const char* v = std::getenv(ours.c_str())) {
+  std::string value;
+  if (env(ours, &value)) {
     if (source) *source = ours;
-    return v;
+    return value;
   }
   if (spec.horovod_alias) {
     std::string theirs = std::string("HOROVOD_") + spec.suffix;
-    if (const char* v = std::getenv(theirs.c_str())) {
+    if (env(theirs, &value)) {
       if (source) *source = theirs;
-      return v;
+      return value;
     }
   }
   if (source) *source = std::string("default of HVDCOMPAT_") + spec.suffix;
   return spec.default_value;
 }
 
+std::string KnobString(Knob knob, std::string* source) {
+  return KnobRaw(SpecOf(knob), ProcessEnvironment(), source);
+}
+
 bool KnobExplicit(Knob knob) {
   const KnobSpec& spec = SpecOf(knob);
-  if (std::getenv((std::string("HVDCOMPAT_") + spec.suffix).c_str())) return true;
-  return spec.horovod_alias && std::getenv((std::string("HOROVOD_") + spec.suffix).c_str());
+  std::string unused;
+  if (ProcessEnvironment()(std::string("HVDCOMPAT_") + spec.suffix, &unused)) return true;
+  return spec.horovod_alias &&
+         ProcessEnvironment()(std::string("HOROVOD_") + spec.suffix, &unused);
 }
 
-namespace {
-
-[[noreturn]] void BadValue(Knob knob, const std::string& value, const std::string& source,
-                           const char* expected) {
-  throw InvalidArgument(source + "=" + value + " is not valid: expected " + expected + " (" +
-                        SpecOf(knob).help + ")");
+bool ParseKnobBool(const KnobSpec& spec, const std::string& value, const std::string& source) {
+  std::string v = Lower(value);
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  BadValue(spec, value, source, "0/1, true/false, yes/no or on/off");
 }
 
-}  // namespace
+double ParseKnobNumber(const KnobSpec& spec, const std::string& value, const std::string& source) {
+  // An empty value is the default (set but empty counts as unset, as the launchers read it).
+  std::string v = value.empty() ? std::string(spec.default_value) : value;
+  try {
+    size_t used = 0;
+    // Accept "1e6"-style values too: some launch scripts write thresholds so.
+    double d = std::stod(v, &used);
+    if (used != v.size() || d < 0) BadValue(spec, value, source, "a non-negative number");
+    return d;
+  } catch (const std::logic_error&) {
+    BadValue(spec, value, source, "a non-negative number");
+  }
+}
+
+std::string ParseKnobChoice(const KnobSpec& spec, const std::string& value,
+                            const std::string& source) {
+  std::string v = Lower(value.empty() ? std::string(spec.default_value) : value);
+  const std::vector<std::string> choices = Choices(spec);
+  std::string listed;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (Lower(choices[i]) == v) return choices[i];
+    listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  BadValue(spec, value, source, listed);
+}
 
 int64_t KnobInt(Knob knob) { return static_cast<int64_t>(KnobDouble(knob)); }
 
 double KnobDouble(Knob knob) {
   std::string source;
   std::string v = KnobString(knob, &source);
-  try {
-    size_t used = 0;
-    // Accept "1e6"-style values too: some launch scripts write thresholds so.
-    double d = std::stod(v, &used);
-    if (used != v.size() || d < 0) BadValue(knob, v, source, "a non-negative number");
-    return d;
-  } catch (const std::logic_error&) {
-    BadValue(knob, v, source, "a non-negative number");
-  }
+  return ParseKnobNumber(SpecOf(knob), v, source);
 }
 
 bool KnobBool(Knob knob) {
   std::string source;
   std::string v = KnobString(knob, &source);
-  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  BadValue(knob, v, source, "0/1, true/false, yes/no or on/off");
+  return ParseKnobBool(SpecOf(knob), v, source);
+}
+
+std::string KnobChoice(Knob knob) {
+  std::string source;
+  std::string v = KnobString(knob, &source);
+  return ParseKnobChoice(SpecOf(knob), v, source);
 }
 
 Config Config::FromEnvironment() {
@@ -219,26 +323,11 @@ Config Config::FromEnvironment() {
   c.hierarchical_local_size = KnobInt(Knob::kHierarchicalLocalSize);
   c.hierarchical_allreduce_set = KnobExplicit(Knob::kHierarchicalAllreduce);
   c.async_completion = KnobBool(Knob::kEnableAsyncCompletion);
-  {
-    std::string plan_source;
-    c.link_plan = KnobString(Knob::kLinkPlan, &plan_source);
-    for (auto& ch : c.link_plan) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (c.link_plan.empty()) c.link_plan = "auto";
-    if (c.link_plan != "auto" && c.link_plan != "host" && c.link_plan != "network") {
-      BadValue(Knob::kLinkPlan, c.link_plan, plan_source, "auto, host or network");
-    }
-  }
+  c.link_plan = KnobChoice(Knob::kLinkPlan);
   c.network_segment_bytes = std::max<int64_t>(4096, KnobInt(Knob::kNetworkSegmentBytes));
   c.network_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kNetworkPipelineDepth));
   c.network_16bit_wire = KnobBool(Knob::kNetwork16BitWire);
-  std::string source;
-  std::string ops = KnobString(Knob::kGpuOperations, &source);
-  for (auto& ch : ops) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  if (ops.empty()) ops = "NCCL";
-  if (ops != "NCCL" && ops != "MPI") {
-    throw InvalidArgument(source + "=" + ops + " is not valid: expected NCCL or MPI (" +
-                          SpecOf(Knob::kGpuOperations).help + ")");
-  }
+  std::string ops = KnobChoice(Knob::kGpuOperations);
   c.gpu_operations_mpi = ops == "MPI";
   c.autotune = KnobBool(Knob::kAutotune);
   c.autotune_log = KnobString(Knob::kAutotuneLog);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ enum class Knob : int {
   kDdpCompression,
   kDdpRoute,
   kDdpFusionThreshold,
+  kStartTimeout,
+  kGlooTimeoutSeconds,
+  kMpirun,
   kCount,
 };
 
@@ -74,12 +78,39 @@ struct KnobSpec {
 const std::vector<KnobSpec>& AllKnobs();
 const KnobSpec& SpecOf(Knob knob);
 
+// What a knob's value is, from its unit: "bool"; a choice ("NCCL|MPI"); a whole or a
+// fractional number; or text (a path, a name, a list). Every reader, the engine's and
+// Python's (_core.setting), parses a knob by its kind with the rules below.
+enum class KnobKind { kBool, kInt, kFloat, kChoice, kText };
+KnobKind KindOf(const KnobSpec& spec);
+const char* KindName(KnobKind kind);
+
+// Finds an environment variable: true and its value when it is set. ProcessEnvironment()
+// reads this process's; the launcher passes the environment it builds for its ranks.
+using EnvLookup = std::function<bool(const std::string& name, std::string* value)>;
+const EnvLookup& ProcessEnvironment();
+
+// The one reader: HVDCOMPAT_<suffix>, then HOROVOD_<suffix> (for knobs with the alias),
+// then the default; `source` says which, for messages.
+std::string KnobRaw(const KnobSpec& spec, const EnvLookup& env, std::string* source);
+// The rules of each kind (InvalidArgument, naming the variable, for a bad value):
+//   bool:   "", 0, false, no, off are false; 1, true, yes, on are true (any case);
+//   number: a non-negative decimal ("1e6" too); an int knob drops the fraction;
+//   choice: one of the unit's spellings, any case, returned as the unit spells it;
+//           "" is the default;
+//   text:   the value as it is.
+bool ParseKnobBool(const KnobSpec& spec, const std::string& value, const std::string& source);
+double ParseKnobNumber(const KnobSpec& spec, const std::string& value, const std::string& source);
+std::string ParseKnobChoice(const KnobSpec& spec, const std::string& value,
+                            const std::string& source);
+
 // Raw string value (HVDCOMPAT_ first, then HOROVOD_, then the default) and
 // the name it came from, for error messages.
 std::string KnobString(Knob knob, std::string* source = nullptr);
 int64_t KnobInt(Knob knob);
 double KnobDouble(Knob knob);
 bool KnobBool(Knob knob);
+std::string KnobChoice(Knob knob);
 // Whether the environment sets the knob (either spelling), as opposed to its
 // default applying: the autotuner leaves such knobs as the user chose.
 bool KnobExplicit(Knob knob);

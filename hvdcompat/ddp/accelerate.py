@@ -52,19 +52,8 @@ _announced = [False]
 
 def settings(environ=None):
     """(compression, route) from the environment; ValueError for bad values."""
-    def get(suffix, default):
-        if environ is None:
-            return _core.knob(suffix)
-        return environ.get("HVDCOMPAT_" + suffix, default)
-
-    compression = get("DDP_COMPRESSION", "none").strip().lower() or "none"
-    if compression not in hooks.COMPRESSIONS:
-        raise ValueError(f"HVDCOMPAT_DDP_COMPRESSION={compression!r}: use one of "
-                         f"{sorted(hooks.COMPRESSIONS)}")
-    route = get("DDP_ROUTE", "auto").strip().lower() or "auto"
-    if route not in ("auto", "engine", "process_group"):
-        raise ValueError(f"HVDCOMPAT_DDP_ROUTE={route!r}: use auto, engine or process_group")
-    return compression, route
+    # Choices of the core's knob table: a bad value is its ValueError, naming the variable.
+    return _core.setting("DDP_COMPRESSION", environ), _core.setting("DDP_ROUTE", environ)
 
 
 def _announce(state):
@@ -141,5 +130,5 @@ def is_enabled():
     return _is_patched("__init__")
 
 
-if _core.knob("DDP_ACCELERATE").strip() not in ("0", "false", "no", "off"):
+if _core.setting("DDP_ACCELERATE"):
     enable()

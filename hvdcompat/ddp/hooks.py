@@ -40,26 +40,16 @@ __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_h
 
 COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-_FUSION_ENV = "HVDCOMPAT_DDP_FUSION_THRESHOLD"
-# Off: packing buckets together costs DDP its overlap of backward and
-# communication, and was slower in examples/pytorch_ddp_benchmark.py.
-_DEFAULT_FUSION_BYTES = 0
+# HVDCOMPAT_DDP_FUSION_THRESHOLD defaults to off (the knob table): packing buckets together
+# costs DDP its overlap of backward and communication, and was slower in
+# examples/pytorch_ddp_benchmark.py.
 
 _state_ids = itertools.count()
 
 
 def _fusion_from_env():
-    raw = _core.knob("DDP_FUSION_THRESHOLD")
-    if not raw:
-        return _DEFAULT_FUSION_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{_FUSION_ENV}={raw!r}: expected a number of bytes (0 turns bucket "
-                         "fusion off)") from None
-    if value < 0:
-        raise ValueError(f"{_FUSION_ENV}={raw!r}: must be >= 0")
-    return value
+    # The core's knob table parses it (a non-negative number of bytes; 0 turns fusion off).
+    return _core.setting("DDP_FUSION_THRESHOLD")
 
 
 def _wire_dtype(compression):

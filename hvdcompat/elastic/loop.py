@@ -54,13 +54,8 @@ def last_reset_seconds():
 
 
 def _knob_int(suffix):
-    value = basics._core.knob(suffix)
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"HVDCOMPAT_{suffix}={value!r}: expected a whole number") from None
+    """A whole-number knob, None when unset (the core's knob table parses it)."""
+    return basics._core.setting(suffix)
 
 
 def _leave_if_host_removed():
@@ -86,7 +81,7 @@ def last_restart():
 
 
 def _elastic_dir():
-    return basics._core.knob("ELASTIC_DIR") or None
+    return basics._core.setting("ELASTIC_DIR") or None
 
 
 def _host():

@@ -24,13 +24,13 @@ _offset = [0]  # bytes of the notices file already read by this process
 
 def notices_path():
     """The notices file, or None outside an elastic launch."""
-    directory = _core.knob("ELASTIC_DIR")
+    directory = _core.setting("ELASTIC_DIR")
     return os.path.join(directory, "notices") if directory else None
 
 
 def this_host():
     """This rank's host name as discovery lists it (``HVDCOMPAT_ELASTIC_HOST`` or the machine's)."""
-    return _core.knob("ELASTIC_HOST") or socket.gethostname()
+    return _core.setting("ELASTIC_HOST") or socket.gethostname()
 
 
 def _lines(start=0):

@@ -234,7 +234,6 @@ def current():
         return None
     if session.output_pool is None:
         pool = OutputPool()
-        # The core has validated the knob at init (a non-negative number).
-        pool.configure(int(float(_core.knob("OUTPUT_POOL_BYTES") or 0)))
+        pool.configure(_core.setting("OUTPUT_POOL_BYTES"))
         session.output_pool = pool
     return session.output_pool

@@ -300,9 +300,11 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
     command, environ, hosts, np, nics, ssh = plan_common(args, command)
     if driver is not None:
         environ = {**environ, **driver.environment()}
-    timeout_s = args.gloo_timeout_seconds or float(
-        environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or _store.DEFAULT_TIMEOUT_SECONDS)
-    start_timeout = args.start_timeout or float(environ.get("HOROVOD_START_TIMEOUT") or 30)
+    from hvdcompat._ext import _core
+
+    # The flags, else the knobs in the launch's environment (the core's knob table).
+    timeout_s = args.gloo_timeout_seconds or _core.setting("GLOO_TIMEOUT_SECONDS", environ)
+    start_timeout = args.start_timeout or _core.setting("START_TIMEOUT", environ)
     specs = place_ranks(hosts, np)
     host = store_address(specs, nics)
     try:

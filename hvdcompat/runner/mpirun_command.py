@@ -76,7 +76,9 @@ def find_mpirun(env, build_compiler=None, python_exe=None):
     Raises:
         MpirunNotFound: with what was searched and how to fix it.
     """
-    named = env.get("HVDCOMPAT_MPIRUN")
+    from hvdcompat._ext import _core
+
+    named = _core.setting("MPIRUN", env)
     if named:
         found = shutil.which(named, path=env.get("PATH", ""))
         if found:

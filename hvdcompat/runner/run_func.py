@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import cloudpickle
 
+from hvdcompat._ext import _core
 from hvdcompat.exceptions import HorovodInternalError
 from hvdcompat.runner import run_job
 from hvdcompat.runner.common import channel
@@ -31,10 +32,8 @@ from hvdcompat.runner.elastic import run_func as elastic_run
 from hvdcompat.runner.elastic.run_func import ELASTIC_PARAMETERS
 from hvdcompat.runner.run_job import RankFailedError
 
-__all__ = ["run", "RankFailedError", "ELASTIC_PARAMETERS", "DEFAULT_START_TIMEOUT_S"]
+__all__ = ["run", "RankFailedError", "ELASTIC_PARAMETERS"]
 
-# Horovod's default; HOROVOD_START_TIMEOUT overrides it, as in Horovod.
-DEFAULT_START_TIMEOUT_S = 30.0
 
 # run() parameters that map to an hvdcompatrun option, by horovodrun's spellings.
 _OPTION_SPELLINGS = {
@@ -57,12 +56,11 @@ def _deprecated(old, new, value, current, default):
 
 
 def _start_timeout(start_timeout):
-    if start_timeout is not None:
-        value, where = start_timeout, "start_timeout"
-    elif os.environ.get("HOROVOD_START_TIMEOUT"):
-        value, where = os.environ["HOROVOD_START_TIMEOUT"], "HOROVOD_START_TIMEOUT"
+    if start_timeout is None:
+        # HVDCOMPAT_/HOROVOD_START_TIMEOUT, else Horovod's 30 s (the core's knob table).
+        value, where = _core.setting("START_TIMEOUT"), "START_TIMEOUT"
     else:
-        return DEFAULT_START_TIMEOUT_S
+        value, where = start_timeout, "start_timeout"
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -54,7 +54,7 @@ def test_accelerate_settings_come_from_the_environment():
         try:
             acc.settings({"HVDCOMPAT_DDP_COMPRESSION": "int8"})
         except ValueError as e:
-            assert "HVDCOMPAT_DDP_COMPRESSION='int8'" in str(e), e
+            assert "HVDCOMPAT_DDP_COMPRESSION=int8 is not valid" in str(e), e
         else:
             raise SystemExit("bad compression accepted")
         acc.enable(); assert acc.is_enabled(); acc.disable(); assert not acc.is_enabled()
@@ -65,7 +65,7 @@ def test_accelerate_settings_come_from_the_environment():
 
 def test_accelerate_import_fails_early_on_a_bad_setting():
     r = _run("import hvdcompat.ddp.accelerate", {"HVDCOMPAT_DDP_ROUTE": "fastest"})
-    assert r.returncode != 0 and "HVDCOMPAT_DDP_ROUTE='fastest'" in r.stderr, r.stderr
+    assert r.returncode != 0 and "HVDCOMPAT_DDP_ROUTE=fastest is not valid" in r.stderr, r.stderr
 
 
 def test_runner_usage():

@@ -255,7 +255,9 @@ class ElasticDriver:
         self._paused = False
         # Rank 0 reads the notices: on a cluster, point HVDCOMPAT_ELASTIC_DIR
         # at a directory that rank 0's host shares with this one.
-        base = os.environ.get("HVDCOMPAT_ELASTIC_DIR") or None
+        from hvdcompat._ext import _core
+
+        base = _core.setting("ELASTIC_DIR") or None
         self.dir = tempfile.mkdtemp(prefix="hvdcompat-elastic-", dir=base)
         with open(os.path.join(self.dir, _DRIVER_MARK), "w") as f:
             f.write(f"{os.getpid()}\n")
