@@ -70,27 +70,37 @@ def _end_if_mpi4py_would_hang_at_exit():
 
 
 def _comm_arguments(comm):
-    """(mpi handle or None, rank list) from init's `comm` argument."""
+    """(mpi handle or None, rank list, how comm reads, why it is invalid here or "").
+
+    Local: never raises. A rank that raised here would leave its peers
+    waiting in hvd.init; the core compares every process's comm first and
+    raises on each (Note [Agreeing on init's comm] in
+    cpp/transport/mpi_comm_agreement.h).
+    """
     if comm is None:
-        return None, []
+        return None, [], "None", ""
+    text = repr(comm)
+    text = text if len(text) <= 80 else text[:77] + "..."
     if isinstance(comm, (list, tuple)):
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in comm):
-            raise ValueError("hvd.init(comm=...): a rank list must contain ints; got "
-                             f"{list(comm)!r}")
-        return None, list(comm)
+            return None, [], text, "a rank list must contain ints only"
+        return None, [int(r) for r in comm], repr([int(r) for r in comm]), ""
     try:
         from mpi4py import MPI
     except ImportError:
         MPI = None
     if MPI is not None and isinstance(comm, MPI.Comm):
         if comm == MPI.COMM_NULL:
-            raise ValueError("hvd.init(comm=MPI.COMM_NULL): this process is not part of the "
-                             "communicator; only its members may call hvd.init with it")
-        _check_same_mpi(MPI, "hvd.init(comm=...)")
-        return comm.py2f(), []
-    raise ValueError(
-        "Invalid type of argument comm. Expected a list of ranks or an mpi4py communicator, "
-        f"got {type(comm).__name__}.")
+            return None, [], "MPI.COMM_NULL", (
+                "this process is not part of the communicator (a Split left it out); only its "
+                "members call hvd.init with it")
+        try:
+            _check_same_mpi(MPI, "hvd.init(comm=...)")
+        except ValueError as e:
+            return None, [], "an mpi4py communicator", str(e)
+        return comm.py2f(), [], "an mpi4py communicator", ""
+    return None, [], f"{text} (a {type(comm).__name__})", (
+        "expected None, a list of ranks or an mpi4py communicator")
 
 
 def _library_name(version):
@@ -139,7 +149,10 @@ def init(comm=None, process_sets=None):
         None.
 
     Raises:
-        ValueError: bad ``comm``; or ``process_sets`` is invalid on some rank
+        ValueError: ``comm`` is invalid on some process or differs between
+            the processes that would form the job (they compare it first, so
+            each of them raises, naming who passed what); or
+            ``process_sets`` is invalid on some rank
             or differs between ranks. The ranks compare their
             ``process_sets`` before registering any, so then every rank
             raises the same error, naming the ranks at fault; nothing is
@@ -155,9 +168,10 @@ def init(comm=None, process_sets=None):
             raise ValueError("hvd.init(comm=<mpi4py communicator>): this job runs on the Gloo "
                              "controller: every launched rank joins (use hvd.add_process_set for "
                              "a subset), or launch with hvdcompatrun / mpirun to run on MPI")
-        handle, ranks = _comm_arguments(comm)
-        static_sets = _ps._parse_init_argument(process_sets, comm)
-        _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks,
+        handle, ranks, comm_text, comm_refused = _comm_arguments(comm)
+        static_sets = _ps._parse_init_argument(process_sets, None if comm_refused else comm)
+        _core.init(_core.InitOptions(comm_handle=handle, ranks=ranks, comm_text=comm_text,
+                                     comm_refused=comm_refused,
                                      requested_sets=static_sets.requested,
                                      refused=static_sets.refused,
                                      dynamic_process_sets=static_sets.dynamic,

@@ -118,6 +118,7 @@ void Init(InitOptions opts) {
   {
     std::lock_guard<std::mutex> lock(core.mu);
     if (core.runtime) return;  // a second init is harmless
+    if (core.world != MPI_COMM_NULL) opts.universe = core.world;
     if (!opts.comm && core.world != MPI_COMM_NULL) opts.comm = core.world;
   }
   int provided = 0;
@@ -418,8 +419,13 @@ void BindOptions(py::module_& m) {
                        std::string refused, bool dynamic_process_sets, std::string controller,
                        py::object store, int rank, int size, int local_rank, int local_size,
                        int cross_rank, int cross_size, std::string hostname,
-                       std::string gloo_iface, std::string gloo_hostname, double gloo_timeout_s) {
+                       std::string gloo_iface, std::string gloo_hostname, double gloo_timeout_s,
+                       std::optional<std::string> comm_text, std::string comm_refused) {
              InitOptions o;
+             // Note [Agreeing on init's comm]: hvd.init passes how its comm reads.
+             o.agree_on_comm = comm_text.has_value();
+             o.comm_text = comm_text.value_or("None");
+             o.comm_refused = std::move(comm_refused);
              if (controller != "mpi" && controller != "gloo") {
                throw py::value_error("InitOptions: controller must be 'mpi' or 'gloo', not '" +
                                      controller + "'");
@@ -454,7 +460,8 @@ void BindOptions(py::module_& m) {
            py::arg("size") = -1, py::arg("local_rank") = -1, py::arg("local_size") = -1,
            py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("hostname") = "",
            py::arg("gloo_iface") = "", py::arg("gloo_hostname") = "",
-           py::arg("gloo_timeout_s") = 30.0)
+           py::arg("gloo_timeout_s") = 30.0, py::arg("comm_text") = py::none(),
+           py::arg("comm_refused") = std::string())
       .def_readonly("controller", &InitOptions::controller)
       .def_property_readonly("gloo_timeout_s",
                              [](const InitOptions& o) { return o.gloo.timeout_s; })

@@ -27,6 +27,9 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kShutdownTimeoutSeconds, "SHUTDOWN_TIMEOUT_SECONDS", false, "30", "s",
        "hvd.shutdown() (and exit) ends a collective still waiting on a stopped peer after this "
        "long, with an error, and skips MPI_Finalize (0: wait forever)."},
+      {Knob::kInitTimeoutSeconds, "INIT_TIMEOUT_SECONDS", false, "600", "s",
+       "hvd.init() fails, naming them, when processes that its comm says form the job have "
+       "not joined it after this long (0: wait forever)."},
       {Knob::kStallCheckDisable, "STALL_CHECK_DISABLE", true, "0", "bool",
        "Disable the stall inspector."},
       {Knob::kTimeline, "TIMELINE", true, "", "path",

@@ -18,6 +18,7 @@ enum class Knob : int {
   kStallCheckTimeSeconds,
   kStallShutdownTimeSeconds,
   kShutdownTimeoutSeconds,
+  kInitTimeoutSeconds,
   kStallCheckDisable,
   kTimeline,
   kTimelineMarkCycles,

@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/logging.h"
+#include "transport/mpi_comm_agreement.h"
 
 namespace hvdcompat {
 
@@ -24,9 +25,22 @@ Runtime::Runtime(const InitOptions& options)
                             "list is MPI's; under torchrun or hvdcompatrun --gloo every launched "
                             "rank joins. Use hvd.add_process_set for a subset.");
     }
+    if (!options.comm_refused.empty()) {
+      throw InvalidArgument("hvd.init(comm=" + options.comm_text + ") on the Gloo controller: " +
+                            options.comm_refused + ". Pass comm=None (every launched rank joins).");
+    }
     gloo_ = std::make_unique<GlooJob>(options.gloo);
     job_ = gloo_.get();
   } else if (options.controller == "mpi") {
+    if (options.agree_on_comm) {
+      // A comm equal to the universe is init's default (the world an elastic reset left).
+      const MPI_Comm given = options.comm && *options.comm != options.universe ? *options.comm
+                                                                                : MPI_COMM_NULL;
+      AgreeOnInitComm(options.universe,
+                      DescribeInitComm(options.universe, given, options.ranks, options.comm_text,
+                                       options.comm_refused),
+                      KnobDouble(Knob::kInitTimeoutSeconds));
+    }
     mpi_ = std::make_unique<MpiContext>(options.comm.value_or(MPI_COMM_WORLD), options.ranks);
     job_ = mpi_.get();
   } else {

@@ -43,6 +43,12 @@ struct InitOptions {
   std::string controller = "mpi";            // "mpi" or "gloo" (Note [Gloo controller])
   GlooOptions gloo;                          // controller "gloo": the launch's store and ranks
   std::optional<MPI_Comm> comm;              // from mpi4py, duplicated
+  // hvd.init's comm is compared with the peers' first (Note [Agreeing on
+  // init's comm]); `universe` is the launch's world, comm's text how the
+  // user wrote it, comm_refused why it is invalid on this rank.
+  bool agree_on_comm = false;
+  MPI_Comm universe = MPI_COMM_WORLD;
+  std::string comm_text = "None", comm_refused;
   std::vector<int> ranks;                    // hvd.init(comm=[...])
   std::vector<std::vector<int>> process_sets;  // static sets, registered as ids 1..n
   std::vector<int> process_set_ids;  // when not empty: the id of each of process_sets (a reset)

@@ -41,10 +41,11 @@ MpiContext::MpiContext(MPI_Comm base, const std::vector<int>& ranks) {
   }
   MPI_Comm source = base;
   MPI_Comm subset = MPI_COMM_NULL;
+  int base_size = 0;
+  HVD_MPI_CHECK(base, MPI_Comm_size(base, &base_size));
   if (!ranks.empty()) {
-    int base_rank = 0, base_size = 0;
+    int base_rank = 0;
     HVD_MPI_CHECK(base, MPI_Comm_rank(base, &base_rank));
-    HVD_MPI_CHECK(base, MPI_Comm_size(base, &base_size));
     std::vector<int> sorted(ranks);
     std::sort(sorted.begin(), sorted.end());
     for (size_t i = 0; i < sorted.size(); ++i) {
@@ -59,6 +60,12 @@ MpiContext::MpiContext(MPI_Comm base, const std::vector<int>& ranks) {
                             " of the launcher's world) is not in the given rank list; only "
                             "listed processes may call hvd.init with it");
     }
+  }
+  // Every rank listed: the same job as no list (what the peers that passed
+  // None make; Note [Agreeing on init's comm]).
+  if (!ranks.empty() && static_cast<int>(ranks.size()) != base_size) {
+    std::vector<int> sorted(ranks);
+    std::sort(sorted.begin(), sorted.end());
     MPI_Group world_group, group;
     HVD_MPI_CHECK(base, MPI_Comm_group(base, &world_group));
     HVD_MPI_CHECK(base, MPI_Group_incl(world_group, static_cast<int>(sorted.size()),

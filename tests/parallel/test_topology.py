@@ -168,6 +168,64 @@ def test_init_with_an_mpi4py_communicator_and_a_rank_list():
     hvd.init()
 
 
+# hvd.init compares every process's comm before making the job's
+# communicator, so a bad or differing comm on one rank fails init on every
+# rank, naming who passed what, instead of leaving the others waiting.
+
+
+def _bad_comm_cases(rank, n, MPI, dup):
+    """(case, what this rank passes, phrases in every rank's error); `dup`: a
+    duplicate of the launch's world."""
+    last = n - 1
+    everyone = list(range(n))
+    cases = [
+        ("wrong type on one rank", "0,1" if rank == last else None,
+         [f"rank {last} passed comm='0,1' (a str)", "expected None, a list of ranks"]),
+        ("a rank out of range", everyone + [n] if rank == last else everyone,
+         [f"rank {last} passed comm={everyone + [n]!r}", f"rank {n} is not in [0, {n})"]),
+        ("a rank listed twice", [0] + everyone if rank == 0 else everyone,
+         [f"rank 0 passed comm={[0] + everyone!r}", "rank 0 is listed twice"]),
+        ("a communicator without this rank", MPI.COMM_NULL if rank == 0 else None,
+         ["rank 0 passed comm=MPI.COMM_NULL", "not part of the communicator"]),
+        ("comm on some ranks only", dup if rank == 0 else None,
+         [f"rank 0 passed comm=an mpi4py communicator of launch ranks {everyone!r}",
+          "passed comm=None"]),
+    ]
+    if n >= 3:
+        cases.append(("lists that differ", [0, 2] if rank == 2 else everyone,
+                      ["rank 2 passed comm=[0, 2]", f"ranks 0 and 1 passed comm={everyone!r}"]))
+    return cases
+
+
+def test_a_bad_or_differing_comm_on_one_rank_fails_init_on_every_rank():
+    from mpi4py import MPI
+
+    rank, n = hvd.rank(), hvd.size()
+    dup = MPI.COMM_WORLD.Dup()
+    for case, comm, phrases in _bad_comm_cases(rank, n, MPI, dup):
+        hvd.shutdown()
+        with pytest.raises(ValueError) as info:
+            hvd.init(comm=comm)
+        assert not hvd.is_initialized(), case
+        message = str(info.value)
+        assert message.startswith(f"hvd.init(comm=...) failed on rank {rank}: "), (case, message)
+        for phrase in phrases + ["Pass the same comm on every process"]:
+            assert phrase in message, (case, phrase, message)
+        # Every rank is out of the failed attempt before the next one starts
+        # (a rank still answering late peers of a failed attempt can, today,
+        # fail a peer's immediate retry).
+        MPI.COMM_WORLD.Barrier()
+        hvd.init()
+        out = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name=f"after.{case}")
+        assert out.item() == sum(range(n)), case
+    dup.Free()
+    # Equal jobs however written: every rank listed (in any order) or None.
+    hvd.shutdown()
+    hvd.init(comm=list(reversed(range(n))) if rank == 0 else None)
+    out = hvd.allgather(torch.tensor([rank]), name="comm.equal")
+    assert out.tolist() == list(range(n))
+
+
 def test_ops_after_shutdown_raise_clearly():
     hvd.shutdown()
     with pytest.raises(ValueError, match="not been initialized"):
