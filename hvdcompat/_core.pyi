@@ -1,16 +1,57 @@
 """Signatures of the native core, hvdcompat._core (cpp/bindings/).
 
 tests/unit/test_core_stub.py checks that this stub and the built module name
-the same functions, classes and constants.
+the same functions, classes, enum members and constants, with the same
+signatures (parameter names, types and defaults, return types).
 """
 
-from typing import Any, Mapping, Optional, Sequence
+from enum import Enum
+from typing import Any, Mapping, Sequence
 
-# Codes shared with Python: name -> code.
-DTYPES: dict[str, int]
-OPS: dict[str, int]
-REDUCE_OPS: dict[str, int]
-STATUS: dict[str, int]
+# The core's codes (bound enums; each member is also its int value).
+class DType(Enum):
+    uint8 = 0
+    int8 = 1
+    int16 = 2
+    int32 = 3
+    int64 = 4
+    float16 = 5
+    bfloat16 = 6
+    float32 = 7
+    float64 = 8
+    bool = 9
+
+class Op(Enum):
+    allreduce = 0
+    allgather = 1
+    broadcast = 2
+    alltoall = 3
+    reducescatter = 4
+    barrier = 5
+    join = 6
+
+class ReduceOp(Enum):
+    """Horovod's numbering: hvd.Average == ReduceOp.Average == 0, ..."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+class Status(Enum):
+    ok = 0
+    invalid_argument = 1
+    precondition = 2
+    aborted = 3
+    internal = 4
+
+# The same members by name.
+DTYPES: dict[str, DType]
+OPS: dict[str, Op]
+REDUCE_OPS: dict[str, ReduceOp]
+STATUS: dict[str, Status]
 AUTOTUNE_LOG_HEADER: str
 
 # The core's errors besides ValueError (InvalidArgument), as Horovod's users catch them.
@@ -23,11 +64,11 @@ class NotSupportedError(NotImplementedError, ValueError):
 class Buffer:
     """One tensor's memory as the core reads or writes it."""
 
-    def __init__(self, data: int, dtype: int, shape: Sequence[int], device: int = -1) -> None: ...
+    def __init__(self, data: int, dtype: DType, shape: Sequence[int], device: int = -1) -> None: ...
     @property
     def data(self) -> int: ...
     @property
-    def dtype(self) -> int: ...
+    def dtype(self) -> DType: ...
     @property
     def shape(self) -> list[int]: ...
     @property
@@ -36,13 +77,13 @@ class Buffer:
 class EnqueueArgs:
     """One op handed to the core by enqueue(); `stream` is the CUDA inputs' producer stream."""
 
-    def __init__(self, op: int, name: str, auto_named: bool = False, process_set: int = 0,
-                 reduce_op: int = 1, root: int = -1, prescale: float = 1.0,
+    def __init__(self, op: Op, name: str, auto_named: bool = False, process_set: int = 0,
+                 reduce_op: ReduceOp = ..., root: int = -1, prescale: float = 1.0,
                  postscale: float = 1.0, inputs: Sequence[Buffer] = ...,
                  outputs: Sequence[Buffer] = ..., splits: Sequence[Sequence[int]] = ...,
-                 stream: Optional[int] = None) -> None: ...
+                 stream: int | None = None) -> None: ...
     @property
-    def op(self) -> int: ...
+    def op(self) -> Op: ...
     @property
     def name(self) -> str: ...
     @property
@@ -50,7 +91,7 @@ class EnqueueArgs:
     @property
     def process_set(self) -> int: ...
     @property
-    def reduce_op(self) -> int: ...
+    def reduce_op(self) -> ReduceOp: ...
     @property
     def root(self) -> int: ...
     @property
@@ -64,7 +105,7 @@ class EnqueueArgs:
     @property
     def splits(self) -> list[list[int]]: ...
     @property
-    def stream(self) -> Optional[int]: ...
+    def stream(self) -> int | None: ...
 
 # `store` (controller="gloo"): the rendezvous store the Gloo controller connects
 # through, any object with set(key: str, value: bytes), get(key: str) -> bytes,
@@ -73,24 +114,24 @@ class EnqueueArgs:
 class InitOptions:
     """What hvd.init() asks of the core; `comm_handle` is a Fortran handle (Comm.py2f())."""
 
-    def __init__(self, *, comm_handle: Optional[int] = None, ranks: Sequence[int] = ...,
+    def __init__(self, *, comm_handle: int | None = None, ranks: Sequence[int] = ...,
                  process_sets: Sequence[Sequence[int]] = ...,
-                 requested_sets: Sequence[tuple[bool, Optional[Sequence[int]]]] = ...,
+                 requested_sets: Sequence[tuple[bool, Sequence[int] | None]] = ...,
                  refused: str = "", dynamic_process_sets: bool = False,
-                 controller: str = "mpi", store: Optional[Any] = None, rank: int = -1,
+                 controller: str = "mpi", store: Any = None, rank: int = -1,
                  size: int = -1, local_rank: int = -1, local_size: int = -1,
                  cross_rank: int = -1, cross_size: int = -1, hostname: str = "",
                  gloo_iface: str = "", gloo_hostname: str = "",
                  gloo_timeout_s: float = 30.0, comm_text: Optional[str] = None,
                  comm_refused: str = "") -> None: ...
     @property
-    def comm_handle(self) -> Optional[int]: ...
+    def comm_handle(self) -> int | None: ...
     @property
     def ranks(self) -> list[int]: ...
     @property
     def process_sets(self) -> list[list[int]]: ...
     @property
-    def requested_sets(self) -> list[tuple[bool, Optional[list[int]]]]: ...
+    def requested_sets(self) -> list[tuple[bool, list[int] | None]]: ...
     @property
     def refused(self) -> str: ...
     @property
@@ -129,16 +170,30 @@ def mpi_enabled() -> bool: ...
 # Ops and handles.
 def enqueue(args: EnqueueArgs) -> int: ...
 def poll(handle: int) -> bool: ...
-def wait(handle: int, stream: Optional[int] = None) -> tuple[int, str, list[Any], list[int], int]:
-    """(status code, message, output DLPack capsules, received splits, last joined rank)."""
+class WaitResult:
+    """What wait() returns for a finished op."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def outputs(self) -> list[Any]:
+        """The outputs' DLPack capsules."""
+    @property
+    def received_splits(self) -> list[list[int]]: ...
+    @property
+    def join_last_rank(self) -> int: ...
+
+def wait(handle: int, stream: int | None = None) -> WaitResult: ...
 
 # Process sets (add and remove are collective over the job).
 def add_process_set(ranks: Sequence[int]) -> int: ...
 def remove_process_set(process_set_id: int) -> bool: ...
-def process_set_info(process_set_id: int) -> Optional[tuple[list[int], bool, int]]: ...
+def process_set_info(process_set_id: int) -> tuple[list[int], bool, int] | None: ...
 def process_set_ids() -> list[int]: ...
-def check_reduction(op: str, name: str, process_set: int, reduce_op: int,
-                    dtype: Optional[int] = None) -> None:
+def check_reduction(op: str, name: str, process_set: int, reduce_op: ReduceOp,
+                    dtype: DType | None = None) -> None:
     """Enqueue's rule on what a reduction may reduce, for a caller with no tensor yet."""
 def process_set_member(process_set_id: int, op: str, name: str) -> tuple[int, int]:
     """(this rank's index, size) in a process set; ValueError, from the same rule as enqueue,

@@ -73,14 +73,11 @@ def _load_core():
 
 _core = _load_core()
 
-# Reduce ops: Horovod's values.
-Average = _core.REDUCE_OPS["Average"]
-Sum = _core.REDUCE_OPS["Sum"]
-Adasum = _core.REDUCE_OPS["Adasum"]
-Min = _core.REDUCE_OPS["Min"]
-Max = _core.REDUCE_OPS["Max"]
-Product = _core.REDUCE_OPS["Product"]
-
-# Status codes of finished ops and op kinds, as the core numbers them.
-STATUS = _core.STATUS
-OPS = _core.OPS
+# Reduce ops: Horovod's values, plain ints as in Horovod (the core's
+# _core.ReduceOp members carry the same numbers).
+Average = int(_core.ReduceOp.Average)
+Sum = int(_core.ReduceOp.Sum)
+Adasum = int(_core.ReduceOp.Adasum)
+Min = int(_core.ReduceOp.Min)
+Max = int(_core.ReduceOp.Max)
+Product = int(_core.ReduceOp.Product)

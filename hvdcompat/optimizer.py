@@ -522,7 +522,7 @@ def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_
     # The core's rule, before any gradient exists (a NotImplementedError and a ValueError).
     pid = process_set.process_set_id
     _core.check_reduction("DistributedOptimizer(op=hvd.Adasum)", "",
-                          -1 if pid is None else pid, Adasum)
+                          -1 if pid is None else pid, _core.ReduceOp(Adasum))
     key = tuple(global_process_set.ranks)
     index = _optimizers_per_set.get(key, 0)
     _optimizers_per_set[key] = index + 1

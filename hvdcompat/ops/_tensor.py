@@ -9,16 +9,16 @@ from hvdcompat.ops import _pool
 __all__ = []
 
 _CODES = {
-    torch.uint8: _core.DTYPES["uint8"],
-    torch.int8: _core.DTYPES["int8"],
-    torch.int16: _core.DTYPES["int16"],
-    torch.int32: _core.DTYPES["int32"],
-    torch.int64: _core.DTYPES["int64"],
-    torch.float16: _core.DTYPES["float16"],
-    torch.bfloat16: _core.DTYPES["bfloat16"],
-    torch.float32: _core.DTYPES["float32"],
-    torch.float64: _core.DTYPES["float64"],
-    torch.bool: _core.DTYPES["bool"],
+    torch.uint8: _core.DType.uint8,
+    torch.int8: _core.DType.int8,
+    torch.int16: _core.DType.int16,
+    torch.int32: _core.DType.int32,
+    torch.int64: _core.DType.int64,
+    torch.float16: _core.DType.float16,
+    torch.bfloat16: _core.DType.bfloat16,
+    torch.float32: _core.DType.float32,
+    torch.float64: _core.DType.float64,
+    torch.bool: _core.DType.bool,
 }
 
 

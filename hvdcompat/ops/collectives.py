@@ -82,7 +82,8 @@ def _check_reduce_op(op, op_name, name, tensors, process_set=None):
             else process_set.process_set_id
         label = op_name if name is None else f"{op_name}.{name}"
         for t in dtypes.values():
-            _core.check_reduction(op_name, label, pid, op, _tensor.dtype_code(t, op_name, name))
+            _core.check_reduction(op_name, label, pid, _core.ReduceOp(op),
+                                  _tensor.dtype_code(t, op_name, name))
 
 
 def _describe_all(tensors, op_name, name):

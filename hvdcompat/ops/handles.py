@@ -7,7 +7,6 @@ completes (the core keeps raw pointers).
 """
 
 from hvdcompat import _gpu, _session
-from hvdcompat._ext import STATUS as _STATUS
 from hvdcompat._ext import _core
 from hvdcompat.exceptions import HorovodInternalError
 
@@ -32,6 +31,12 @@ def _composite(handles, assemble):
     return cid
 
 
+# Horovod's reduce-op ints (hvd.Sum, ...) -> the core's enum; the core's
+# EnqueueArgs holds the default for ops that reduce nothing.
+_REDUCE_OPS = {int(v): v for v in _core.ReduceOp.__members__.values()}
+_DEFAULT_REDUCE_OP = _core.EnqueueArgs(_core.Op.barrier, "").reduce_op
+
+
 def _full_name(session, prefix, name, process_set_id):
     if name is None:
         k = session.noname_counts.get(process_set_id, 0) if session is not None else 0
@@ -40,7 +45,7 @@ def _full_name(session, prefix, name, process_set_id):
 
 
 def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
-             reduce_op=1, root=-1, prescale=1.0, postscale=1.0, splits=()):
+             reduce_op=None, root=-1, prescale=1.0, postscale=1.0, splits=()):
     """Hands one op to the core; returns its handle.
 
     `inputs`/`outputs` are `_core.Buffer`s; `keep` holds the tensors they
@@ -52,6 +57,7 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
     if process_set_id is None:
         process_set_id = -1  # never registered, or removed: the core says so
     full, auto = _full_name(session, prefix, name, process_set_id)
+    reduce_op = _DEFAULT_REDUCE_OP if reduce_op is None else _REDUCE_OPS[reduce_op]
     device = inputs[0].device if inputs else -1
     # Positional: pybind11 matches keywords by name on every call, which cost
     # about 1.8 us of the op's few (EnqueueArgs' fields, in order: op, name,
@@ -67,7 +73,7 @@ def _enqueue(op, prefix, name, process_set_id, inputs, outputs, finish, keep, *,
 
 
 def _raise(code, message):
-    if code == _STATUS["invalid_argument"]:
+    if code == _core.Status.invalid_argument:
         raise ValueError(message)
     raise HorovodInternalError(message)
 
@@ -137,9 +143,9 @@ def synchronize(handle):
     # current stream (and core-allocated outputs are freed in its order).
     stream = _gpu.current_stream(pending.device) if pending.device >= 0 else None
     try:
-        code, message, outs, splits, join_rank = _core.wait(handle, stream)
+        result = _core.wait(handle, stream)
     finally:
         session.handles.pop(handle, None)
-    if code != _STATUS["ok"]:
-        _raise(code, message)
-    return pending.finish(outs, splits, join_rank)
+    if result.status != _core.Status.ok:
+        _raise(result.status, result.message)
+    return pending.finish(result.outputs, result.received_splits, result.join_last_rank)

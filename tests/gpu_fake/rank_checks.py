@@ -92,16 +92,23 @@ def name(prefix):
 def enqueue(op, prefix, inputs, outputs=(), reduce_op=Sum, root=-1, pre=1.0, post=1.0,
             splits=(), process_set=0):
     return _core.enqueue(_core.EnqueueArgs(
-        op=_core.OPS[op], name=name(prefix), process_set=process_set, reduce_op=reduce_op,
+        op=_core.OPS[op], name=name(prefix), process_set=process_set,
+        reduce_op=_core.ReduceOp(reduce_op),
         root=root, prescale=pre, postscale=post, inputs=list(inputs), outputs=list(outputs),
         splits=[list(s) for s in splits], stream=PRODUCER))
+
+
+def _status(handle, stream):
+    r = _core.wait(handle, stream)
+    return r.status, r.message
 
 
 def finish(handle, stream=CONSUMER):
     """Waits for `handle`, then for the consumer's stream (the host reads the results next,
     as a kernel queued on that stream would)."""
-    code, msg, outs, rsplits, _ = _core.wait(handle, stream)
-    if code != 0:
+    r = _core.wait(handle, stream)
+    code, msg, outs, rsplits = r.status, r.message, r.outputs, r.received_splits
+    if code != _core.Status.ok:
         raise RuntimeError(f"status {code}: {msg}")
     if stream == 0:  # the legacy stream of this rank's device
         assert FAKE.cudaSetDevice(DEV) == 0
@@ -364,7 +371,7 @@ def check_default_stream_of_the_tensors_device():
     x = make(rank_values(1000, RANK, Sum, "float32"), "float32")
     out = np.zeros_like(x)
     h = _core.enqueue(_core.EnqueueArgs(op=_core.OPS["allreduce"], name=name("legacy"),
-                                        reduce_op=Sum, inputs=[d(x, "float32")],
+                                        reduce_op=_core.ReduceOp.Sum, inputs=[d(x, "float32")],
                                         outputs=[d(out, "float32")], stream=0))
     finish(h, stream=0)
     close(out, expected(1000, Sum, "float32"), "float32", "allreduce on the default stream")
@@ -535,8 +542,8 @@ def run_async_watchdog():
 
     x = make(rank_values(8, RANK, Sum, "float32"), "float32")
     h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
-    code, msg, _, _, _ = _core.wait(h, CONSUMER)
-    assert code == 0, (code, msg)  # the error is not known yet
+    code, msg = _status(h, CONSUMER)
+    assert code == _core.Status.ok, (code, msg)  # the error is not known yet
     released = threading.Event()
 
     def consumer():
@@ -550,7 +557,7 @@ def run_async_watchdog():
         os._exit(1)
     assert stats()["aborts"] >= 1, stats()
     h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
-    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    code, msg = _status(h, CONSUMER)
     assert code == _core.STATUS["internal"] and "aborted" in msg, (code, msg)
 
 
@@ -564,7 +571,7 @@ def run_abort_during_launch():
     time.sleep(0.3)
     h2 = enqueue("allreduce", "allreduce", [d(y, "float64")], [d(y, "float64")], Sum)
     for h in (h1, h2):
-        code, msg, _, _, _ = _core.wait(h, CONSUMER)
+        code, msg = _status(h, CONSUMER)
         assert code == _core.STATUS["internal"] and "asynchronous error" in msg, (code, msg)
     s = stats()
     assert s["aborts"] >= 1 and s["abort_in_call"] == 0, s
@@ -581,7 +588,7 @@ def run_process_sets():
             arrays.append((x, ps, k))
             handles.append(_core.enqueue(_core.EnqueueArgs(
                 op=_core.OPS["allreduce"], name=f"ps{ps.process_set_id}.ar{k}",
-                process_set=ps.process_set_id, reduce_op=Sum, inputs=[d(x, "float32")],
+                process_set=ps.process_set_id, reduce_op=_core.ReduceOp.Sum, inputs=[d(x, "float32")],
                 outputs=[d(x, "float32")], stream=PRODUCER)))
     for h in handles:
         finish(h)
@@ -595,7 +602,7 @@ def run_process_sets():
 def run_duplicate_device():
     x = np.zeros(4, dtype=np.float32)
     h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
-    code, msg, _, _, _ = _core.wait(h, CONSUMER)
+    code, msg = _status(h, CONSUMER)
     assert code == _core.STATUS["invalid_argument"], (code, msg)
     assert "one GPU per rank" in msg and "HOROVOD_GPU_OPERATIONS=MPI" in msg, msg
     assert "cuda:<hvd.local_rank()>" in msg, msg
@@ -630,7 +637,7 @@ def run_elastic_reset():
     if lose >= 0:
         # The lost rank surfaces in the next collective's negotiation.
         h = enqueue("allreduce", "allreduce", [d(x, "float32")], [d(x, "float32")], Sum)
-        code, msg, _, _, _ = _core.wait(h, CONSUMER)
+        code, msg = _status(h, CONSUMER)
         assert code == _core.STATUS["internal"] and f"rank(s) {lose}" in msg, (code, msg)
     old_rank, old_size = RANK, SIZE
     survivors = basics._elastic_reset()

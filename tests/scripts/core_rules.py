@@ -42,7 +42,7 @@ def outcome(call):
 
 
 def done(handle):
-    return _core.wait(handle)[0] == _core.STATUS["ok"]
+    return _core.wait(handle).status == _core.Status.ok
 
 
 def main():

@@ -7,9 +7,9 @@ import core_testing
 from hvdcompat.basics import _core
 
 T = core_testing.load()
-OP = _core.OPS
-DT = _core.DTYPES
-RO = _core.REDUCE_OPS
+OP = {k: int(v) for k, v in _core.OPS.items()}  # the testing module speaks ints
+DT = {k: int(v) for k, v in _core.DTYPES.items()}
+RO = {k: int(v) for k, v in _core.REDUCE_OPS.items()}
 
 
 def req(name, shape=(4,), op="allreduce", dtype="float32", **kw):

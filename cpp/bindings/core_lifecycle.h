@@ -1,0 +1,20 @@
+#pragma once
+
+#include <vector>
+
+#include "engine/runtime.h"
+
+namespace hvdcompat {
+
+// hvd.init(): starts the runtime (a second call while one runs is harmless).
+void CoreInit(InitOptions opts);
+// Stops the runtime; calls still inside it fail with its shutdown error first.
+void CoreShutdown();
+// Note [Elastic reset] (engine/elastic_reset.h): rebuilds the runtime from the
+// surviving ranks; their ranks in the old world, in new-rank order.
+std::vector<int> CoreElasticReset();
+// Shuts down and, when hvdcompat initialised MPI (and not under ULFM), finalizes it.
+void CoreFinalize();
+bool CoreIsInitialized();
+
+}  // namespace hvdcompat
