@@ -122,7 +122,7 @@ class InitOptions:
                  size: int = -1, local_rank: int = -1, local_size: int = -1,
                  cross_rank: int = -1, cross_size: int = -1, hostname: str = "",
                  gloo_iface: str = "", gloo_hostname: str = "",
-                 gloo_timeout_s: float = 30.0, comm_text: Optional[str] = None,
+                 gloo_timeout_s: float = 30.0, comm_text: str | None = None,
                  comm_refused: str = "") -> None: ...
     @property
     def comm_handle(self) -> int | None: ...
