@@ -62,15 +62,8 @@ def import_hvd(impl):
 
 
 def median_ms(fn, iters, warmup, barrier):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    from benchmark_helpers.bench_common import timeit
+    return timeit(fn, iters, warmup, barrier) * 1e3
 
 
 def allreduce_worker(args, hvd):
@@ -365,7 +358,6 @@ def driver(args, passthrough):
             print("| of its ceiling | " + " | ".join(f"{f:.2f}" for f in fr)
                   + (f" | {fr[0] / fr[1]:.2f}" if peer else "") + " |")
     else:
-        labels = list(rows["hvdcompat"][0]["steps"])
         print(f"# MLP {args.layers}x{args.hidden}, batch {args.batch_size} per rank, SGD; "
               f"steps/s of the slowest rank, {args.warmup} warm-up + {args.iters} timed steps, "
               f"{args.ddp_rounds} rounds alternating within each job")

@@ -36,26 +36,17 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import core_testing  # noqa: E402
+from benchmark_helpers import bench_common  # noqa: E402
 
 
 def resnet50_shapes():
-    # The same 161 shapes as examples/allreduce_benchmark.py (no torch needed here).
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
-                       (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
-            if b == 0:
-                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
-            inplanes = planes * 4
-    shapes += [(1000, 2048), (1000,)]
-    return [list(s) for s in shapes]
+    """ResNet-50's 161 gradient shapes as lists (no torch needed here)."""
+    return [list(s) for s in bench_common.resnet50_shapes()]
 
 
 def measure(T, size, shapes, iterations):

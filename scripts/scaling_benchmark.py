@@ -46,15 +46,9 @@ def layout_for(size, hosts=4):
 
 
 def median_time(fn, iters, barrier, warmup=5):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from benchmark_helpers.bench_common import timeit
+    return timeit(fn, iters, warmup, barrier)
 
 
 def resnet50_ndims():
