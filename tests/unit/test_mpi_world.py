@@ -55,7 +55,7 @@ class _FakeCore:
     def __init__(self, directory):
         self.directory = directory
 
-    def knob(self, suffix):
+    def setting(self, suffix, environ=None):
         return self.directory if suffix == "ELASTIC_DIR" else ""
 
     def rank(self):
