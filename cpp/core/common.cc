@@ -88,6 +88,15 @@ std::string JoinInts(const std::vector<int>& v) {
 
 std::string RankListString(const std::vector<int>& v) { return "[" + JoinInts(v) + "]"; }
 
+std::string RanksPhrase(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += i + 1 == ranks.size() ? " and " : ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

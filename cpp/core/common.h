@@ -96,6 +96,8 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 // Ranks (or any ints) for messages: "0, 2, 3", and in brackets "[0, 2, 3]".
 std::string JoinInts(const std::vector<int>& v);
 std::string RankListString(const std::vector<int>& v);
+// "rank 1", "ranks 0 and 2", "ranks 0, 2 and 3".
+std::string RanksPhrase(const std::vector<int>& ranks);
 // Elements of a tensor of this shape (1 for a scalar).
 int64_t ShapeElements(const std::vector<int64_t>& shape);
 

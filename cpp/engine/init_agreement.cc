@@ -27,16 +27,6 @@ std::vector<int> Sorted(std::vector<int> v) {
   return v;
 }
 
-// "rank 1", "ranks 0 and 2", "ranks 0, 2 and 3".
-std::string RanksPhrase(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i) s += i + 1 == ranks.size() ? " and " : ", ";
-    s += std::to_string(ranks[i]);
-  }
-  return s;
-}
-
 // The wire form: "<dynamic> <n>" then per set "<from_comm> <member> <count> <ranks...>", a
 // newline, then the refusal text. Without `views` a communicator-defined set is
 // written without this rank's group: what must be equal on every rank.

@@ -71,15 +71,6 @@ bool Decode(const std::string& s, Message* m) {
   return !is.fail();
 }
 
-std::string RanksPhrase(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i) s += i + 1 == ranks.size() ? " and " : ", ";
-    s += std::to_string(ranks[i]);
-  }
-  return s;
-}
-
 std::string Passed(const Description& d) {
   std::string s = "comm=" + d.text;
   if (d.kind == InitCommRequest::kRefused) s += " (invalid there: " + d.refused + ")";
