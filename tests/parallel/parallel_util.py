@@ -20,7 +20,7 @@ import hvdcompat as hvd
 __all__ = [
     "INT_DTYPES", "FLOAT_DTYPES", "DTYPES", "SHAPES", "NONSCALAR_SHAPES", "dtype_id",
     "shape_id", "key_of", "rank_input", "all_inputs", "scale", "expected_sum", "expected_reduce",
-    "assert_same", "engine",
+    "assert_same", "engine", "default_group",
 ]
 
 INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -177,3 +177,28 @@ def engine(**knobs):
 
     with restarted({f"HVDCOMPAT_{k.upper()}": str(v) for k, v in knobs.items()}):
         yield _core.config()
+
+
+@contextlib.contextmanager
+def default_group(backend):
+    """torch.distributed's default group on `backend`, at a rendezvous port of its own.
+
+    Files of one launch share the environment the DDP bootstrap filled, and so
+    its MASTER_PORT: a rank that reached the next file's init_process_group
+    could join rank 0's store of the previous file before rank 0 closed it,
+    and lose it mid-handshake. Rank 0 picks a free port for each group and
+    broadcasts it. Collective: every rank must enter it together.
+    """
+    import torch.distributed as dist
+
+    from hvdcompat.common.ports import free_port
+
+    port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
+                                name=f"default_group.{backend}.port")
+    with saved_environ("MASTER_PORT"):
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group(backend)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

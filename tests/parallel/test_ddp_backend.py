@@ -14,15 +14,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hvdcompat as hvd
 import hvdcompat.ddp
 from hvdcompat.ddp import backend
+from parallel_util import default_group
 
 R = dist.ReduceOp
 
 
 @pytest.fixture(scope="module", autouse=True)
 def hvdcompat_default_group():
-    dist.init_process_group("hvdcompat")
-    yield
-    dist.destroy_process_group()
+    with default_group("hvdcompat"):
+        yield
 
 
 def rank_size():

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hvdcompat as hvd
 import hvdcompat.ddp
 from hvdcompat.ddp import hooks
+from parallel_util import default_group
 
 TOLERANCE = {hooks.allreduce_hook: 1e-6, hooks.fp16_compress_hook: 5e-3,
              hooks.bf16_compress_hook: 4e-2}
@@ -21,9 +22,8 @@ TOLERANCE = {hooks.allreduce_hook: 1e-6, hooks.fp16_compress_hook: 5e-3,
 
 @pytest.fixture(scope="module", autouse=True)
 def gloo_default_group():
-    dist.init_process_group("gloo")
-    yield
-    dist.destroy_process_group()
+    with default_group("gloo"):
+        yield
 
 
 def make_model():
