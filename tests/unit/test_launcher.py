@@ -169,6 +169,16 @@ def test_fault_tolerant_arguments():
         build_command("mpiexec", _spec(fault_tolerant=True, flavor="mpich"))
 
 
+def test_mpi_args_come_after_the_fault_tolerant_defaults():
+    # Open MPI takes the last value of a repeated --mca, so a user's detector
+    # timeout (docs/running.md) wins over hvdcompatrun's 20 s.
+    mine = ["--mca", "mpi_ft_detector_timeout", "60"]
+    cmd = build_command("mpirun", _spec(fault_tolerant=True, mpi_args=mine))
+    ours = cmd.index("mpi_ft_detector_timeout")
+    theirs = len(cmd) - 1 - cmd[::-1].index("mpi_ft_detector_timeout")
+    assert ours < theirs and cmd[theirs + 1] == "60", cmd
+
+
 def test_mpich_line():
     cmd = build_command("mpiexec", _spec(np=4, hosts=[Host("a", 2), Host("b", 2)],
                                          env={"PATH": "/bin", "HOROVOD_X": "1"},
