@@ -1,4 +1,4 @@
-"""Lifecycle, topology and build queries."""
+"""Lifecycle and topology: init, shutdown, the elastic reset, rank and size queries."""
 
 import atexit
 import os
@@ -6,12 +6,14 @@ import sys
 import threading
 import time
 
-from hvdcompat import _gpu, _session
+from hvdcompat import _session
 from hvdcompat import gloo_init as _gloo
-from hvdcompat import rendezvous as _rdzv
 from hvdcompat import process_sets as _ps
 from hvdcompat._ext import Adasum, Average, Max, Min, Product, Sum, _core  # noqa: F401
 from hvdcompat.exceptions import HorovodInternalError
+from hvdcompat.capabilities import (  # noqa: F401 (hvd.basics keeps Horovod's names)
+    build_info, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
+    mpi_enabled, nccl_built, rocm_built, sycl_built)
 from hvdcompat.runner import mpi_world
 
 __all__ = [
@@ -434,138 +436,6 @@ def stop_timeline():
     _core.stop_timeline()
 
 
-def mpi_enabled():
-    """Whether MPI is the controller: False while a job runs on the Gloo controller.
-
-    Before :func:`init`, whether ``init`` would start on MPI here (Note
-    [Controller choice] in hvdcompat/rendezvous.py).
-
-    Returns:
-        bool.
-
-    Never raises: an unusable controller setting answers False.
-    """
-    if _core.is_initialized():
-        probe = getattr(_core, "mpi_enabled", None)
-        return bool(probe()) if probe is not None else True
-    try:
-        return _rdzv.controller_choice(os.environ) == "mpi"
-    except ValueError:
-        return False
-
-
-def mpi_built():
-    """Whether hvdcompat was built against MPI.
-
-    Returns:
-        bool: always True.
-
-    Never raises.
-    """
-    return True
-
-
-def gloo_enabled():
-    """Whether this job runs on the Gloo controller (before init: whether it would).
-
-    Returns:
-        bool.
-
-    Never raises: an unusable controller setting answers False.
-    """
-    if _core.is_initialized():
-        probe = getattr(_core, "gloo_enabled", None)
-        return bool(probe()) if probe is not None else False
-    try:
-        return gloo_built() and _rdzv.controller_choice(os.environ) == "gloo"
-    except ValueError:
-        return False
-
-
-def gloo_built():
-    """Whether this build has the Gloo controller (for launches without MPI).
-
-    Returns:
-        bool.
-
-    Never raises.
-    """
-    return _gloo.gloo_built(_core)
-
-
-def nccl_built():
-    """The version code of the NCCL the core loaded (e.g. 21805 for 2.18.5).
-
-    hvdcompat has no build-time GPU switch: NCCL is loaded at run time (from
-    PyTorch's CUDA wheels, or ``HVDCOMPAT_NCCL_LIB``), so this answers for
-    this machine.
-
-    Returns:
-        int, 0 when no NCCL loads here.
-
-    Never raises.
-    """
-    return _gpu.nccl_version()
-
-
-def cuda_built():
-    """Whether CUDA tensors can run through hvdcompat on this machine.
-
-    True when the CUDA runtime loads, a device is visible and NCCL loads (or,
-    with ``HOROVOD_GPU_OPERATIONS=MPI``, without NCCL).
-
-    Returns:
-        bool.
-
-    Never raises.
-    """
-    return _gpu.cuda_available()
-
-
-def ddl_built():
-    """Whether hvdcompat was built with IBM DDL.
-
-    Returns:
-        bool: always False.
-
-    Never raises.
-    """
-    return False
-
-
-def ccl_built():
-    """Whether hvdcompat was built with oneCCL.
-
-    Returns:
-        bool: always False.
-
-    Never raises.
-    """
-    return False
-
-
-def rocm_built():
-    """Whether hvdcompat was built for ROCm.
-
-    Returns:
-        bool: always False.
-
-    Never raises.
-    """
-    return False
-
-
-def sycl_built():
-    """Whether hvdcompat was built for SYCL.
-
-    Returns:
-        bool: always False.
-
-    Never raises.
-    """
-    return False
-
-
 def engine_stats():
     """Counters of the running engine (summed over process sets).
 
@@ -604,15 +474,3 @@ def reset_engine_stats():
     """
     _require_init()
     _core.reset_engine_stats()
-
-
-def build_info():
-    """What this build was compiled against.
-
-    Returns:
-        dict describing the MPI library the core linked, the compiler wrapper and
-        where that MPI came from (what ``hvdcompatrun --check-build`` prints).
-
-    Never raises.
-    """
-    return _core.build_info()
