@@ -16,6 +16,7 @@ code and one line naming that rank.
 
 import os
 import re
+import secrets
 import shlex
 import signal
 import socket
@@ -28,6 +29,7 @@ from typing import Dict, List
 from hvdcompat.runner import environment as _environment
 from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import hosts as _hosts
+from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner.errors import LaunchError
 
 __all__ = ["add_gloo_arguments", "check_gloo_args", "RankSpec", "place_ranks",
@@ -213,12 +215,20 @@ def rank_environment(spec, environ, store_host, store_port, timeout_s, nics, np,
 
 def rank_command(spec, command, supervisor, cwd, ssh_port=None, ssh_identity_file=None,
                  start_timeout=30):
-    """The argv that starts rank `spec`: the supervisor here, or ssh running it on the host."""
+    """The argv that starts rank `spec`: the supervisor here, or ssh running it on the host.
+
+    On another host the remote shell first reads one line from its standard
+    input, the launch's report secret (:func:`run_gloo` writes it there), so
+    that no command line on either host shows it (Note [Report channel] in
+    hvdcompat/runner/rank_supervisor.py).
+    """
     argv = [command[0], supervisor] + list(command) if _is_python(command[0]) else \
         [sys.executable, supervisor] + list(command)
     if spec.local:
         return argv
-    remote = "cd " + shlex.quote(cwd) + " && exec env " + " ".join(
+    token = _supervisor.TOKEN_ENV
+    remote = f"IFS= read -r {token} && export {token} && " \
+        "cd " + shlex.quote(cwd) + " && exec env " + " ".join(
         shlex.quote(f"{k}={v}") for k, v in sorted(spec.env.items())) + " " + shlex.join(argv)
     ssh = ["ssh"] + _SSH_OPTIONS + ["-o", f"ConnectTimeout={max(1, int(start_timeout))}"]
     if ssh_port:
@@ -226,6 +236,15 @@ def rank_command(spec, command, supervisor, cwd, ssh_port=None, ssh_identity_fil
     if ssh_identity_file:
         ssh += ["-i", ssh_identity_file]
     return ssh + [spec.host, remote]
+
+
+def _send_token(proc, token):
+    """Writes the report secret to ssh's standard input and closes it (the rank then reads EOF)."""
+    try:
+        proc.stdin.write((token + "\n").encode())
+        proc.stdin.close()
+    except OSError:
+        pass  # ssh already ended: _wait reports the rank's failure
 
 
 def _is_python(exe):
@@ -313,6 +332,9 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
     except _store.StoreError as e:
         raise LaunchError(f"hvdcompatrun --gloo: {e}") from None
     cwd = os.getcwd()
+    # The supervisors' report secret (Note [Report channel]): in the environment
+    # of a rank here, on ssh's standard input for a rank elsewhere.
+    token = secrets.token_hex(16)
     master = None
     if all(spec.local for spec in specs):
         from hvdcompat.common.ports import free_port
@@ -320,6 +342,8 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
         master = (environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT") or free_port())
     for spec in specs:
         spec.env = rank_environment(spec, environ, host, port, timeout_s, nics, np, master)
+        if spec.local:
+            spec.env[_supervisor.TOKEN_ENV] = token
         spec.argv = rank_command(spec, command, supervisor, cwd, ssh["ssh_port"],
                                  ssh["ssh_identity_file"], start_timeout)
         if args.verbose:
@@ -334,8 +358,11 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
             files = outputs.pipes(spec.rank)
             proc = subprocess.Popen(spec.argv, env=spec.env if spec.local else None,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL if spec.local else subprocess.PIPE,
+                                    start_new_session=True)
             procs.append(proc)
+            if not spec.local:
+                _send_token(proc, token)
             out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
             if files:
                 out_fd, err_fd = _tee_fd(out_fd, files[0]), _tee_fd(err_fd, files[1])
@@ -344,7 +371,7 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
         _stop_all(procs)
         raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
     # Every rank writes to our stdout/stderr: whole lines, so ranks never mix within one.
-    relay = _exit_report.OutputRelay(pairs, whole_lines=True)
+    relay = _exit_report.OutputRelay(pairs, token=token, whole_lines=True)
     code = _wait(procs, stop_on_failure=driver is None)
     relay.join(timeout=5)
     del server

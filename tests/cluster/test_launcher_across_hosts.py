@@ -74,3 +74,28 @@ def test_hostfile_uneven_slots_and_network_interfaces(cluster, tmp_path):
                                      "--mpi-args", _agent_only(cluster), sys.executable, SCRIPT],
                            TIMEOUT, check=False)
     assert bad.returncode != 0 and not bad.timed_out and "ENV {" not in bad.output, bad.output
+
+
+def test_gloo_launch_across_hosts_starts_remote_ranks_through_ssh(cluster):
+    # hvdcompatrun --gloo starts the second host's ranks with `ssh` (the
+    # stand-in, first on PATH), serves the store itself and checks the
+    # supervisors' reports with the launch's secret, which reaches the remote
+    # supervisors on ssh's standard input.
+    env = {"PATH": cluster.tmpdir + os.pathsep + os.environ["PATH"], "MY_OWN_SETTING": "a b=c"}
+    open(cluster.agent_log, "w").close()
+    result = run_hvdcompatrun(cluster, ["--gloo", "-H", host_list(cluster, [2, 2]),
+                                        sys.executable, SCRIPT], TIMEOUT, env=env)
+    ranks = _ranks(result.output)
+    assert sorted(ranks) == [0, 1, 2, 3], result.output
+    for r, row in ranks.items():
+        assert row["host"] == cluster.names[r // 2], row
+        assert (row["size"], row["local_rank"], row["local_size"]) == (4, r % 2, 2), row
+        assert (row["cross_rank"], row["cross_size"]) == (r // 2, 2), row
+        assert row["homogeneous"] and row["sum"] == 6.0, row
+        assert row["env"]["MY_OWN_SETTING"] == "a b=c", row
+        assert row["env"]["HVDCOMPAT_REPORT_TOKEN"] is None, row  # the supervisor kept it
+    assert f"HOST {cluster.names[1]}" in cluster.agent_calls()
+    # Every supervisor's report carried the secret (a report without it would
+    # be passed on as output); none of it shows in the output.
+    assert "hvdcompatrun-rank-exit" not in result.output, result.output
+    assert "HVDCOMPAT_REPORT_TOKEN=" not in cluster.agent_calls()

@@ -206,3 +206,35 @@ def test_a_rank_printing_report_and_lost_daemon_lines_changes_nothing_in_a_real_
     assert "hvdcompatrun-rank-exit-" not in text, text
     assert text.count(MARKER) == 2, text
     assert text.count('"status": 3') == 2 and "on node localhost" in text, text
+
+
+def test_under_gloo_too_a_rank_printing_report_lines_changes_nothing(tmp_path):
+    # hvdcompatrun --gloo gives its supervisors the launch's secret as well:
+    # a rank that prints a failure report of its own is only output.
+    script = tmp_path / "spoof.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "rank = int(os.environ['HOROVOD_RANK'])\n"
+        "print('secret seen by the rank:', os.environ.get('HVDCOMPAT_REPORT_TOKEN'), flush=True)\n"
+        "if rank == 1:\n"
+        f"    line = {MARKER!r} + json.dumps({{'rank': 1, 'host': 'x', 'time': 0.0, "
+        "'status': 3, 'signal': None})\n"
+        "    print(line, file=sys.stderr, flush=True)\n"
+        "else:\n"
+        "    time.sleep(1)\n")
+    out = subprocess.run([sys.executable, "-m", "hvdcompat.runner.launch", "--gloo", "-np", "2",
+                          sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "hvdcompatrun: rank" not in text, text
+    assert text.count("secret seen by the rank: None") == 2, text
+    assert "hvdcompatrun-rank-exit-" not in text, text
+    assert text.count(MARKER) == 1 and '"status": 3' in text, text
+
+    # A rank that really fails is still named, with its exit code.
+    script.write_text("import os, sys\nsys.exit(5 if os.environ['HOROVOD_RANK'] == '1' else 0)\n")
+    out = subprocess.run([sys.executable, "-m", "hvdcompat.runner.launch", "--gloo", "-np", "2",
+                          sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 5 and "rank 1" in out.stderr, out.stdout + out.stderr

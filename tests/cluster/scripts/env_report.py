@@ -9,7 +9,8 @@ import torch
 import hvdcompat as hvd
 
 NAMES = ["OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MY_OWN_SETTING", "HOROVOD_CYCLE_TIME",
-         "HOSTNAME", "DISPLAY", "SSH_AUTH_SOCK", "TERM", "NCCL_SOCKET_IFNAME", "PWD"]
+         "HOSTNAME", "DISPLAY", "SSH_AUTH_SOCK", "TERM", "NCCL_SOCKET_IFNAME", "PWD",
+         "HVDCOMPAT_REPORT_TOKEN"]
 
 hvd.init()
 total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="ranks").item()
