@@ -1,7 +1,8 @@
 """Which controller ``hvd.init()`` starts, and where a Gloo job's ranks meet.
 
 Note [Controller choice]: ``HVDCOMPAT_CONTROLLER`` / ``HOROVOD_CONTROLLER``
-(``mpi`` or ``gloo``; the HVDCOMPAT_ spelling wins) decide when set. Otherwise:
+(``mpi`` or ``gloo``; the HVDCOMPAT_ spelling wins; read through the core's knob
+table like every setting) decide when set. Otherwise (unset, empty or ``auto``):
 
 - a process an MPI launcher started (mpirun, hvdcompatrun, srun with PMIx,
   Hydra) runs on MPI;
@@ -28,7 +29,7 @@ from hvdcompat.runner import mpi_world
 from hvdcompat.store import DEFAULT_TIMEOUT_SECONDS
 
 __all__ = ["CONTROLLERS", "launched_by_mpi", "launched_by_torch", "launched_by_gloo_launcher",
-           "setting", "controller_choice", "GlooLaunch", "gloo_launch"]
+           "controller_choice", "GlooLaunch", "gloo_launch"]
 
 CONTROLLERS = ("mpi", "gloo")
 
@@ -54,15 +55,6 @@ def launched_by_gloo_launcher(environ=None):
     return bool(environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"))
 
 
-def setting(environ, suffix, default=None):
-    """``HVDCOMPAT_<suffix>``, else ``HOROVOD_<suffix>``, else `default` (empty counts as unset)."""
-    for name in ("HVDCOMPAT_" + suffix, "HOROVOD_" + suffix):
-        value = environ.get(name, "").strip()
-        if value:
-            return value
-    return default
-
-
 def _env_like_torch(environ):
     return all(environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
@@ -73,16 +65,15 @@ def controller_choice(environ=None):
     Raises:
         ValueError: HOROVOD_CONTROLLER / HVDCOMPAT_CONTROLLER names neither.
     """
+    from hvdcompat._ext import _core  # the knob table
+
     environ = os.environ if environ is None else environ
-    explicit = setting(environ, "CONTROLLER")
-    if explicit is not None:
-        value = explicit.lower()
-        if value not in CONTROLLERS:
-            name = "HVDCOMPAT_CONTROLLER" if environ.get("HVDCOMPAT_CONTROLLER", "").strip() \
-                else "HOROVOD_CONTROLLER"
-            raise ValueError(f"hvd.init(): {name}={explicit!r} names no controller; use "
-                             "'mpi' or 'gloo' (or unset it to choose by the launcher)")
-        return value
+    try:
+        explicit = _core.setting("CONTROLLER", environ)
+    except ValueError as e:
+        raise ValueError(f"hvd.init(): {e}; unset it to choose by the launcher") from None
+    if explicit != "auto":
+        return explicit
     if launched_by_mpi(environ):
         return "mpi"
     if launched_by_gloo_launcher(environ) or launched_by_torch(environ) or \
@@ -132,16 +123,16 @@ def _int(environ, name, *, required, low=None, below=None):
 
 
 def _timeout(environ):
-    text = setting(environ, "GLOO_TIMEOUT_SECONDS")
-    if text is None:
-        return DEFAULT_TIMEOUT_SECONDS
+    from hvdcompat._ext import _core  # the knob table
+
     try:
-        value = float(text)
-    except ValueError:
-        value = -1
+        value = _core.setting("GLOO_TIMEOUT_SECONDS", environ)
+    except ValueError as e:
+        raise ValueError(f"hvd.init() on the Gloo controller: {e}") from None
     if not value > 0:
-        raise ValueError(f"HOROVOD_GLOO_TIMEOUT_SECONDS={text!r}: give a positive number of "
-                         "seconds (Horovod's default is 30)")
+        raise ValueError("hvd.init() on the Gloo controller: HOROVOD_GLOO_TIMEOUT_SECONDS (or "
+                         f"HVDCOMPAT_GLOO_TIMEOUT_SECONDS) is {value:g}: give a positive number "
+                         "of seconds (the default is 30)")
     return value
 
 

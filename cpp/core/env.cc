@@ -137,6 +137,9 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kMpirun, "MPIRUN", false, "", "path",
        "The mpirun hvdcompatrun and hvdcompat.run start (default: the one beside the MPI "
        "hvdcompat was built with, then PATH)."},
+      {Knob::kController, "CONTROLLER", true, "auto", "auto|mpi|gloo",
+       "The controller hvd.init() starts (auto: MPI under an MPI launcher or for a lone "
+       "process, Gloo under hvdcompatrun --gloo, torchrun or the env:// variables)."},
   };
   return knobs;
 }

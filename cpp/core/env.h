@@ -64,6 +64,7 @@ enum class Knob : int {
   kStartTimeout,
   kGlooTimeoutSeconds,
   kMpirun,
+  kController,
   kCount,
 };
 

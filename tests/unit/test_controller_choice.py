@@ -33,15 +33,17 @@ MPIRUN = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
     ({**TORCHRUN, "HOROVOD_CONTROLLER": "MPI"}, "mpi"),
     ({**TORCHRUN, "HOROVOD_CONTROLLER": "mpi", "HVDCOMPAT_CONTROLLER": "gloo"}, "gloo"),
     ({"HOROVOD_CONTROLLER": ""}, "mpi"),
+    ({**TORCHRUN, "HOROVOD_CONTROLLER": "auto"}, "gloo"),
 ])
 def test_controller_choice(environ, want):
     assert rendezvous.controller_choice(environ) == want
 
 
 def test_an_unknown_controller_names_the_variable():
-    with pytest.raises(ValueError, match=r"HVDCOMPAT_CONTROLLER='nccl' names no controller"):
+    with pytest.raises(ValueError, match=r"HVDCOMPAT_CONTROLLER=nccl is not valid: expected "
+                                         r"auto, mpi or gloo"):
         rendezvous.controller_choice({"HVDCOMPAT_CONTROLLER": "nccl", "HOROVOD_CONTROLLER": "mpi"})
-    with pytest.raises(ValueError, match=r"HOROVOD_CONTROLLER='tcp'"):
+    with pytest.raises(ValueError, match=r"HOROVOD_CONTROLLER=tcp is not valid"):
         rendezvous.controller_choice({"HOROVOD_CONTROLLER": "tcp"})
 
 
@@ -72,7 +74,9 @@ def test_horovod_gloo_variables_win_and_give_the_launchers_store():
     ({"WORLD_SIZE": ""}, r"WORLD_SIZE is not set"),
     ({"MASTER_PORT": "0"}, r"MASTER_PORT=0 must be"),
     ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must be 0\.\.1"),
-    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "-1"}, r"HOROVOD_GLOO_TIMEOUT_SECONDS='-1'"),
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "-1"}, r"HOROVOD_GLOO_TIMEOUT_SECONDS=-1 is not valid"),
+    ({"HVDCOMPAT_GLOO_TIMEOUT_SECONDS": "soon"}, r"HVDCOMPAT_GLOO_TIMEOUT_SECONDS=soon is not"),
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "0"}, r"GLOO_TIMEOUT_SECONDS\) is 0: give a positive"),
 ])
 def test_bad_launch_variables_name_the_variable(change, needle):
     with pytest.raises(ValueError, match=needle):

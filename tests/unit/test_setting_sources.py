@@ -33,8 +33,6 @@ NOT_KNOBS = {
     "HOROVOD_GLOO_RENDEZVOUS_ADDR": _GLOO, "HOROVOD_GLOO_IFACE": _GLOO,
     "HOROVOD_HOSTNAME": _GLOO, "HOROVOD_RANK": _GLOO,
     "HVDCOMPAT_REPORT_TOKEN": _SECRET, "HVDCOMPAT_RUN_SECRET": _SECRET,
-    "HVDCOMPAT_CONTROLLER": "open: the controller choice (hvdcompat/rendezvous.py) still "
-                            "reads HVDCOMPAT_/HOROVOD_CONTROLLER itself",
 }
 
 # Reads whose variable is computed (a loop over a list of names), by module and function.
@@ -45,8 +43,6 @@ COMPUTED = {
     ("hvdcompat/rendezvous.py", "launched_by_torch"): _TORCH,
     ("hvdcompat/rendezvous.py", "_env_like_torch"): _TORCH,
     ("hvdcompat/rendezvous.py", "_int"): _GLOO + "; " + _TORCH,
-    ("hvdcompat/rendezvous.py", "setting"): (
-        "open: CONTROLLER and GLOO_TIMEOUT_SECONDS by the Gloo rendezvous' own rule"),
     ("hvdcompat/runner/gloo_run.py", "rank_environment"): "the variables forwarded to the ranks",
     ("hvdcompat/runner/mpi_world.py", "launched_by_mpi"): _MPI,
     ("hvdcompat/runner/mpi_world.py", "read"): _MPI,
@@ -60,6 +56,8 @@ KNOBS_OUTSIDE = {
     ("hvdcompat/runner/rank_supervisor.py", "HVDCOMPAT_ELASTIC_DIR"),
     ("hvdcompat/runner/rank_supervisor.py", "HVDCOMPAT_ELASTIC_HOST"),
     ("hvdcompat/runner/rank_supervisor.py", "HOROVOD_ELASTIC"),
+    # Not a read: taken out of a rank's environment (the launch decided the controller).
+    ("hvdcompat/runner/gloo_run.py", "HVDCOMPAT_CONTROLLER"),
 }
 
 # C++ reads outside core/env.cc: (file, variable) -> why.
