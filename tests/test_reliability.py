@@ -36,6 +36,34 @@ def test_lost_rank_is_named_on_survivors_under_fault_tolerant_mpi(np, tmp_path):
     assert report.count("AFTER") == np - 1, report
 
 
+def test_a_known_failure_ends_a_wait_on_a_live_peer_not_yet_suspected(tmp_path):
+    # Two "hosts" of two ranks on the network plan: rank 3 dies while rank 2
+    # is stopped (alive, so ULFM's detector suspects it only after its
+    # timeout, 60 s here). Every survivor's allreduce must fail soon after
+    # rank 3's death, also rank 0's, which may be waiting on rank 2 across
+    # hosts (Note [A known failure ends every wait]); before, it waited for
+    # the detector's timeout.
+    if flavor() == "mpich":
+        pytest.skip("fault tolerance (ULFM) is Open MPI 5's; MPICH's Hydra has no --with-ft")
+    detector = [*FAULT_TOLERANT_ARGS[:-1], "60"]
+    result = run_ranks(4, [PY, "tests/scripts/lose_two_across.py"], timeout=180, check=False,
+                       mpi_args=detector,
+                       env={"LOSE_OUT": str(tmp_path), "HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE": "2",
+                            "HVDCOMPAT_LINK_PLAN": "network"})
+    assert (tmp_path / "killed").exists(), result.output
+    killed = float((tmp_path / "killed").read_text())
+    for rank in (0, 1):
+        path = tmp_path / str(rank)
+        assert path.exists(), f"rank {rank} reported nothing:\n{result.output}"
+        m = re.search(r"SURVIVOR \d ([\d.]+) (\w+): (.*)", path.read_text())
+        assert m, path.read_text()
+        assert m.group(2) == "HorovodInternalError", m.group(0)
+        assert re.search(r"rank\(s\) 3 on host \S+ failed", m.group(3)), m.group(0)
+        assert float(m.group(1)) - killed < 20, (rank, float(m.group(1)) - killed, m.group(0))
+        print(f"MEASURED rank {rank} raised {float(m.group(1)) - killed:.1f} s after rank 3 died")
+    assert not result.timed_out, result.output
+
+
 def test_lost_rank_under_plain_mpirun_ends_the_job_naming_it(tmp_path):
     result = run_ranks(3, [PY, "tests/scripts/lose_rank.py"], timeout=120, check=False,
                        env={"LOSE_RANK_OUT": str(tmp_path)})

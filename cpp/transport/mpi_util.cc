@@ -58,6 +58,22 @@ std::vector<int> FailedRanks(MPI_Comm comm, int error_code) {
   return ranks;
 }
 
+std::vector<int> KnownFailures(MPI_Comm comm) {
+#if defined(MPIX_ERR_PROC_FAILED) && defined(OMPI_HAVE_MPIX_COMM_GET_FAILED)
+  if (comm == MPI_COMM_NULL) return {};
+  MPI_Group failed = MPI_GROUP_NULL;
+  if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return {};
+  int n = 0;
+  MPI_Group_size(failed, &n);
+  MPI_Group_free(&failed);
+  if (n == 0) return {};
+  return FailedRanks(comm, MPIX_ERR_PROC_FAILED);
+#else
+  (void)comm;
+  return {};
+#endif
+}
+
 void ThrowMpiError(int rc, const char* call, MPI_Comm comm, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;

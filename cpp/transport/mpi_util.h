@@ -21,6 +21,12 @@ namespace hvdcompat {
 // ULFM support or when the error is not a process failure.
 std::vector<int> FailedRanks(MPI_Comm comm, int error_code);
 
+// Ranks of `comm` a fault-tolerant MPI (ULFM) already knows to have failed,
+// with no call having failed (a local query); revokes the communicator when
+// there are any. Empty without ULFM support (Note [A known failure ends
+// every wait], request_wait.h).
+std::vector<int> KnownFailures(MPI_Comm comm);
+
 struct WaitPolicy;
 
 // Alltoall of row counts: `send_rows[j]` rows go to rank j; returns the rows

@@ -8,12 +8,17 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "transport/mpi_util.h"
 
 namespace hvdcompat {
 
 namespace {
+
+// How often a long wait asks MPI whether a member of its communicator failed.
+constexpr int kFailureCheckMs = 50;
 
 void Test(MPI_Request* request, MPI_Comm comm, const char* what, int* flag) {
   int rc = MPI_Test(request, flag, MPI_STATUS_IGNORE);
@@ -67,7 +72,18 @@ void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, 
   }
   int64_t sleep_us = 5;
   const int64_t cap = std::max<int64_t>(policy.max_sleep_micros, 1);
+  auto next_failure_check = Clock::now();
   while (true) {
+    if (Clock::now() >= next_failure_check) {
+      next_failure_check = Clock::now() + std::chrono::milliseconds(kFailureCheckMs);
+      std::vector<int> lost = KnownFailures(comm);
+      if (!lost.empty()) {
+        // Note [A known failure ends every wait]: as if the call had failed.
+        throw CommunicationError(std::string("a process of the job failed while this rank "
+                                             "waited for ") + what,
+                                 std::move(lost));
+      }
+    }
     if (policy.abort && policy.abort->load(std::memory_order_relaxed)) {
       // Note [Ending a stuck wait]: the call stays posted; the caller's
       // owner abandons its buffers.

@@ -50,6 +50,23 @@ struct WaitPolicy {
 // (Note [Abandoned requests], mpi_transport.h), and MPI_Finalize, which
 // would wait for the stopped peer, is skipped at exit.
 
+// Note [A known failure ends every wait]
+// Under a fault-tolerant MPI (ULFM) a collective fails once MPI knows one of
+// its own participants failed, or its communicator is revoked. A wait on a
+// communicator derived from the job's (the cross-host communicator of the
+// hierarchical and network plans) may involve only peers that are cut off
+// but not yet suspected: with two hosts of two ranks, rank 0 waits on rank 2
+// across hosts while rank 1 waits on rank 3. ULFM's detector suspects the
+// two lost ranks one detector timeout apart (the observer of one of them is
+// the other), so once rank 3 is declared failed, rank 1's op fails and
+// revokes the job's communicator, but rank 0's op on {0, 2} would wait for
+// the second timeout. So a wait that has gone on past its yield window also
+// asks, every kFailureCheckMs, whether MPI knows a member of `comm` (the
+// process set's communicator the caller passes, whatever communicator the
+// request is on) to have failed, and then fails like a failed call: naming
+// the failed ranks and revoking `comm`. Any failure in the job ends its
+// pending collectives: the elastic reset has to run on every survivor anyway.
+
 // Open MPI's nonblocking allreduce (libnbc) picks a binomial tree below 4
 // ranks, which sends the whole buffer twice and runs several times slower
 // than its ring at 1 MiB and up; asks for the ring through the MPI tool
@@ -59,7 +76,8 @@ struct WaitPolicy {
 void PreferRingNonblockingAllreduce();
 
 // Completes `request` (throws CommunicationError naming `what` when MPI
-// reports an error on `comm`).
+// reports an error on `comm`, or knows a member of `comm` to have failed:
+// Note [A known failure ends every wait]).
 void WaitRequest(MPI_Request* request, MPI_Comm comm, const WaitPolicy& policy, const char* what);
 
 }  // namespace hvdcompat
