@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "transport/mpi_util.h"
 
@@ -30,6 +32,13 @@ void Poller::Wait(MPI_Request* request, MPI_Comm comm, const char* what) {
     }
     if (now >= next_tick) {
       next_tick = now + std::chrono::milliseconds(100);
+      // Note [A known failure ends every wait] (request_wait.h), for negotiation too.
+      std::vector<int> lost = KnownFailures(comm);
+      if (!lost.empty()) {
+        throw CommunicationError(std::string("a process of the job failed while this rank "
+                                             "waited for ") + what,
+                                 std::move(lost));
+      }
       if (tick_) tick_(std::chrono::duration<double>(now - start).count());
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));

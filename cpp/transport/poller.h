@@ -1,8 +1,10 @@
 // Waits for a nonblocking MPI request without burning a core: busy-polls for
 // a short window (peers usually arrive together), then sleeps with a growing
 // back-off, probing a few times after each sleep so multi-round collectives
-// keep progressing. While waiting it checks an abort flag and calls a tick
-// hook about every 100 ms (stall reporting).
+// keep progressing. While waiting it checks an abort flag and, about every
+// 100 ms, whether MPI knows a member of the communicator to have failed (Note
+// [A known failure ends every wait], request_wait.h) and calls a tick hook
+// (stall reporting).
 #pragma once
 
 #include <mpi.h>
