@@ -58,20 +58,13 @@ def _drill(cluster, how, fault_tolerant, out):
     return result, min(lost), ended, reports
 
 
-# Known failure, not counted as coverage; the cut variant failed 3 of 5 runs in
-# a row (kill passed 5 of 5), in two ways seen with ULFM's messages on (above):
-# - the survivors' exits raced (a survivor that exits is a failed process to
-#   ULFM, so the other's error named it and its host too; hvdcompatrun then saw
-#   every host lost and the job ran to its timeout): the script now waits for
-#   every survivor's report before exiting (DRILL_SURVIVORS), and this no longer
-#   happened in the 3 runs since;
-# - once, rank 0's pending op failed only when ULFM declared rank 2 dead too,
-#   40 s after it had declared rank 3 dead and rank 1 had raised (rank 0 was
-#   waiting on rank 2, cut off but not yet suspected): the engine does not end
-#   a survivor's op that waits on an unreachable live peer when another rank's
-#   failure is known. Not a heartbeat false positive (both suspicions on time).
-@pytest.mark.xfail(strict=False, reason="a survivor waiting on a cut-off peer not yet "
-                   "suspected raises only after the second detector timeout (see comment)")
+# The cut variant once failed 3 of 5 runs, in two ways (ULFM's messages on,
+# above): the survivors' exits raced (a survivor that exits is a failed
+# process to ULFM; the script now waits for every survivor's report before
+# exiting, DRILL_SURVIVORS), and rank 0's op, waiting on rank 2 across hosts
+# (cut off, suspected only one detector timeout after rank 3), did not end
+# when rank 3's failure was known; it does now (Note [A known failure ends
+# every wait], cpp/transport/request_wait.h).
 @pytest.mark.parametrize("how", ["cut", "kill"])
 def test_fault_tolerant_survivors_are_told_which_host_was_lost(fresh_cluster, how, tmp_path):
     result, lost, ended, reports = _drill(fresh_cluster, how, True, str(tmp_path / "out"))
