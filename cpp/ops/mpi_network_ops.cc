@@ -216,80 +216,89 @@ void NetworkAllreduce::Finish(Segment& s, Slot& slot) {
   }
 }
 
-void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataType dtype,
-                                 ReduceOp op, double post, bool post_in_double,
-                                 int64_t inplace_min_bytes) {
-  const DataType wire = wire_16bit_ && Has16BitOp(dtype) ? dtype : HostReduceType(dtype);
-  const bool widen = wire != dtype;
-  const size_t esize = DataTypeSize(dtype);
-  const size_t wsize = DataTypeSize(wire);
+struct NetworkAllreduce::Pipeline {
+  // What the call reduces (the same for each of its segments).
+  DataType dtype = DataType::kFloat32;
+  DataType wire = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double post = 1.0;
+  bool post_in_double = false;
+  size_t esize = 4, wsize = 4;
   // Slot seq % depth_ is free once segment seq - depth_ has finished (FIFO).
   std::deque<Slot*> inflight;
   int64_t seq = 0;
-  auto acquire = [&]() -> Slot& {
-    if (static_cast<int>(inflight.size()) == depth_) {
-      Slot* oldest = inflight.front();
-      inflight.pop_front();
-      Finish(oldest->seg, *oldest);
-    }
-    Slot& slot = *slots_[static_cast<size_t>(seq++ % depth_)];
-    slot.dtype = dtype;
-    slot.wire = wire;
-    slot.op = op;
-    slot.post = post;
-    slot.post_in_double = post_in_double;
-    slot.seg = Segment();
-    return slot;
-  };
-  auto launch = [&](Slot& slot) {
-    // A segment smaller than the host's rank count would leave shards empty.
-    slot.seg.hier = hierarchical_ && slot.seg.count >= split_.local_size;
-    Start(slot.seg, slot);
-    inflight.push_back(&slot);
-  };
+};
 
-  std::vector<const NetworkPiece*> packed;
-  for (const auto& p : pieces) {
-    const bool direct = !widen && (pieces.size() == 1 ||
-                                   static_cast<int64_t>(p.count * esize) >= inplace_min_bytes);
-    if (!direct) {
-      packed.push_back(&p);
-      continue;
-    }
-    // Equal segments of at most segment_bytes_ (no short tail segment).
-    const int64_t limit = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(esize));
-    const int64_t calls = (p.count + limit - 1) / limit;
-    const int64_t step = calls > 0 ? (p.count + calls - 1) / calls : 1;
-    for (int64_t off = 0; off < p.count; off += step) {
-      const int64_t n = std::min(step, p.count - off);
-      Slot& slot = acquire();
-      Segment& s = slot.seg;
-      const char* in = p.in + off * esize;
-      s.dst = p.out + off * esize;
-      s.count = n;
-      if (p.pre != 1.0) {
-        ScaleCopy(s.dst, in, n, dtype, p.pre);
-        s.src = MPI_IN_PLACE;
-      } else {
-        s.src = in == s.dst ? MPI_IN_PLACE : in;
-      }
-      launch(slot);
-    }
+NetworkAllreduce::Slot& NetworkAllreduce::Acquire(Pipeline& pipe) {
+  if (static_cast<int>(pipe.inflight.size()) == depth_) {
+    Slot* oldest = pipe.inflight.front();
+    pipe.inflight.pop_front();
+    Finish(oldest->seg, *oldest);
   }
-  const int64_t chunk = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(wsize));
+  Slot& slot = *slots_[static_cast<size_t>(pipe.seq++ % depth_)];
+  slot.dtype = pipe.dtype;
+  slot.wire = pipe.wire;
+  slot.op = pipe.op;
+  slot.post = pipe.post;
+  slot.post_in_double = pipe.post_in_double;
+  slot.seg = Segment();
+  return slot;
+}
+
+void NetworkAllreduce::Launch(Pipeline& pipe, Slot& slot) {
+  // A segment smaller than the host's rank count would leave shards empty.
+  slot.seg.hier = hierarchical_ && slot.seg.count >= split_.local_size;
+  Start(slot.seg, slot);
+  pipe.inflight.push_back(&slot);
+}
+
+void NetworkAllreduce::Drain(Pipeline& pipe) {
+  while (!pipe.inflight.empty()) {
+    Slot* oldest = pipe.inflight.front();
+    pipe.inflight.pop_front();
+    Finish(oldest->seg, *oldest);
+  }
+}
+
+void NetworkAllreduce::ReduceDirect(Pipeline& pipe, const NetworkPiece& p) {
+  // Equal segments of at most segment_bytes_ (no short tail segment).
+  const int64_t limit = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(pipe.esize));
+  const int64_t calls = (p.count + limit - 1) / limit;
+  const int64_t step = calls > 0 ? (p.count + calls - 1) / calls : 1;
+  for (int64_t off = 0; off < p.count; off += step) {
+    const int64_t n = std::min(step, p.count - off);
+    Slot& slot = Acquire(pipe);
+    Segment& s = slot.seg;
+    const char* in = p.in + off * pipe.esize;
+    s.dst = p.out + off * pipe.esize;
+    s.count = n;
+    if (p.pre != 1.0) {
+      ScaleCopy(s.dst, in, n, pipe.dtype, p.pre);
+      s.src = MPI_IN_PLACE;
+    } else {
+      s.src = in == s.dst ? MPI_IN_PLACE : in;
+    }
+    Launch(pipe, slot);
+  }
+}
+
+void NetworkAllreduce::ReducePacked(Pipeline& pipe,
+                                    const std::vector<const NetworkPiece*>& packed) {
+  const int64_t chunk = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(pipe.wsize));
   size_t pi = 0;
   int64_t poff = 0;
   while (pi < packed.size()) {
-    Slot& slot = acquire();
+    Slot& slot = Acquire(pipe);
     Segment& s = slot.seg;
     s.packed = true;
-    s.dst = slot.pack.Reserve(static_cast<size_t>(chunk) * wsize);
+    s.dst = slot.pack.Reserve(static_cast<size_t>(chunk) * pipe.wsize);
     int64_t filled = 0;
     while (pi < packed.size() && filled < chunk) {
       const NetworkPiece& p = *packed[pi];
       const int64_t n = std::min(p.count - poff, chunk - filled);
       if (n > 0) {
-        ConvertScale(s.dst + filled * wsize, wire, p.in + poff * esize, dtype, n, p.pre);
+        ConvertScale(s.dst + filled * pipe.wsize, pipe.wire, p.in + poff * pipe.esize, pipe.dtype,
+                     n, p.pre);
         s.parts.push_back({&p, poff, n});
         filled += n;
         poff += n;
@@ -301,17 +310,39 @@ void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataTy
     }
     if (filled == 0) {
       // Only empty tensors were left: nothing to send, the slot stays free.
-      --seq;
-      break;
+      --pipe.seq;
+      return;
     }
     s.count = filled;
-    launch(slot);
+    Launch(pipe, slot);
   }
-  while (!inflight.empty()) {
-    Slot* oldest = inflight.front();
-    inflight.pop_front();
-    Finish(oldest->seg, *oldest);
+}
+
+void NetworkAllreduce::Allreduce(const std::vector<NetworkPiece>& pieces, DataType dtype,
+                                 ReduceOp op, double post, bool post_in_double,
+                                 int64_t inplace_min_bytes) {
+  const DataType wire = wire_16bit_ && Has16BitOp(dtype) ? dtype : HostReduceType(dtype);
+  Pipeline pipe;
+  pipe.dtype = dtype;
+  pipe.wire = wire;
+  pipe.op = op;
+  pipe.post = post;
+  pipe.post_in_double = post_in_double;
+  pipe.esize = DataTypeSize(dtype);
+  pipe.wsize = DataTypeSize(wire);
+  const bool widen = wire != dtype;
+  std::vector<const NetworkPiece*> packed;
+  for (const auto& p : pieces) {
+    const bool direct = !widen && (pieces.size() == 1 ||
+                                   static_cast<int64_t>(p.count * pipe.esize) >= inplace_min_bytes);
+    if (direct) {
+      ReduceDirect(pipe, p);
+    } else {
+      packed.push_back(&p);
+    }
   }
+  ReducePacked(pipe, packed);
+  Drain(pipe);
 }
 
 }  // namespace hvdcompat

@@ -94,6 +94,17 @@ class NetworkAllreduce {
   // One segment in flight (or being prepared) in pipeline slot `slot`.
   struct Segment;
   struct Slot;
+  struct Pipeline;
+
+  // One call's pipeline: the next free slot (finishing the oldest segment in
+  // flight when all `depth_` are taken), a segment's start, the drain.
+  Slot& Acquire(Pipeline& pipe);
+  void Launch(Pipeline& pipe, Slot& slot);
+  void Drain(Pipeline& pipe);
+  // A piece reduced where it lies, in equal segments of at most segment_bytes_.
+  void ReduceDirect(Pipeline& pipe, const NetworkPiece& p);
+  // The pieces packed (and widened to the wire type) into segments.
+  void ReducePacked(Pipeline& pipe, const std::vector<const NetworkPiece*>& packed);
 
   MPI_Op OpFor(const Slot& slot) const;
   void Start(Segment& s, Slot& slot);
