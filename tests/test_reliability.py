@@ -141,6 +141,29 @@ def test_start_timeline_without_dynamic_mode_is_a_clear_error():
     assert result.output.count("ERR Set HOROVOD_TIMELINE=DYNAMIC") == 2
 
 
+def test_a_timeline_rank_0_cannot_open_fails_init_on_every_rank(tmp_path):
+    # Rank 0 alone writes the timeline; its failure to open the file used to
+    # fail hvd.init() on rank 0 alone, and the others went on without it.
+    code = ("import os, torch, hvdcompat as hvd\n"
+            "r = os.environ['OMPI_COMM_WORLD_RANK']\n"
+            "try:\n    hvd.init()\n    print('INIT-OK', r, flush=True)\n"
+            "except ValueError as e:\n    print('ERR', r, e, flush=True)\n"
+            "del os.environ['HOROVOD_TIMELINE']\n"
+            "hvd.init()  # nothing was started: init works once the path is fixed\n"
+            "print('SUM', hvd.allreduce(torch.ones(1), op=hvd.Sum, name='x').item(), flush=True)\n")
+    missing = tmp_path / "no-such-dir" / "timeline.json"
+    result = run_ranks(3, [PY, "-c", code], timeout=90, env={"HOROVOD_TIMELINE": str(missing)})
+    out = result.output
+    assert "INIT-OK" not in out, out
+    errors = re.findall(r"ERR (\d) (.*)", out)
+    assert sorted(r for r, _ in errors) == ["0", "1", "2"], out
+    for _, text in errors:
+        assert text.startswith("hvd.init(): rank 0 writes the timeline (HOROVOD_TIMELINE) and "
+                               f"cannot: timeline: cannot open '{missing}' for writing: No such "
+                               "file or directory"), text
+    assert out.count("SUM 3.0") == 3, out
+
+
 def test_exit_without_shutdown_is_clean():
     code = ("import torch, hvdcompat as hvd; hvd.init(); "
             "hvd.allreduce(torch.ones(2), name='x'); print('END', hvd.rank())")

@@ -75,10 +75,7 @@ Runtime::Runtime(const InitOptions& options)
   config_.rank_hosts = job().hosts;
   config_.worker_core =
       WorkerCoreFor(config_.thread_affinity, job().local_rank, job().local_size);
-  if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && job().rank == 0) {
-    timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles,
-                    options.continue_timeline);
-  }
+  StartInitTimeline(options.continue_timeline);
   gpu_ = std::make_unique<GpuContext>(config_, job().local_rank);
   {
     std::lock_guard<std::mutex> lock(sets_mu_);
@@ -95,6 +92,27 @@ Runtime::Runtime(const InitOptions& options)
                    i < options.process_set_ids.size() ? options.process_set_ids[i] : -1,
                    kInitCaller);
   }
+}
+
+void Runtime::StartInitTimeline(bool continue_trace) {
+  // Rank 0 alone writes the timeline, and a file it cannot open must fail
+  // hvd.init on every rank, not on rank 0 alone with its peers left waiting
+  // for it: one word's agreement (every rank makes it, whatever its own
+  // HOROVOD_TIMELINE says), then rank 0's reason for everyone.
+  std::string failure;
+  if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC" && job().rank == 0) {
+    try {
+      timeline_.Start(config_.timeline_path, config_.timeline_mark_cycles, continue_trace);
+    } catch (const InvalidArgument& e) {
+      failure = e.what();
+    }
+  }
+  uint64_t ok = failure.empty() ? 1 : 0;
+  job_->AllreduceMin(&ok, 1);
+  if (ok) return;
+  const std::string why = job_->AllgatherStrings(failure)[0];
+  throw InvalidArgument("hvd.init(): rank 0 writes the timeline (HOROVOD_TIMELINE) and cannot: " +
+                        why);
 }
 
 Runtime::~Runtime() {

@@ -155,6 +155,9 @@ class Runtime {
   std::vector<int> ProcessSetIds() const;
 
  private:
+  // At init: rank 0 opens HOROVOD_TIMELINE's file; throws InvalidArgument on
+  // every rank when it cannot (collective over the job).
+  void StartInitTimeline(bool continue_trace);
   // Enqueue's steps. The worker of a set this rank is a member of.
   std::shared_ptr<ProcessSetWorker> MemberWorker(const std::string& op, const std::string& name,
                                                  int process_set) const;
