@@ -16,6 +16,18 @@ __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built
            "ddl_built", "ccl_built", "rocm_built", "sycl_built", "build_info"]
 
 
+def _runs_on(controller, probe_name, core_without_probe):
+    # The running core's answer (`core_without_probe` for a core that predates
+    # the probe), else the choice init would make; a bad setting answers False.
+    if _core.is_initialized():
+        probe = getattr(_core, probe_name, None)
+        return bool(probe()) if probe is not None else core_without_probe
+    try:
+        return _rdzv.controller_choice(os.environ) == controller
+    except ValueError:
+        return False
+
+
 def mpi_enabled():
     """Whether MPI is the controller: False while a job runs on the Gloo controller.
 
@@ -27,13 +39,7 @@ def mpi_enabled():
 
     Never raises: an unusable controller setting answers False.
     """
-    if _core.is_initialized():
-        probe = getattr(_core, "mpi_enabled", None)
-        return bool(probe()) if probe is not None else True
-    try:
-        return _rdzv.controller_choice(os.environ) == "mpi"
-    except ValueError:
-        return False
+    return _runs_on("mpi", "mpi_enabled", True)
 
 
 def mpi_built():
@@ -55,13 +61,7 @@ def gloo_enabled():
 
     Never raises: an unusable controller setting answers False.
     """
-    if _core.is_initialized():
-        probe = getattr(_core, "gloo_enabled", None)
-        return bool(probe()) if probe is not None else False
-    try:
-        return gloo_built() and _rdzv.controller_choice(os.environ) == "gloo"
-    except ValueError:
-        return False
+    return gloo_built() and _runs_on("gloo", "gloo_enabled", False)
 
 
 def gloo_built():
