@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ops/collective_layout.h"
+#include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
 #include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
@@ -228,53 +229,27 @@ void GlooBackend::AllgatherBytes(const void* send, void* recv,
 
 void GlooBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const size_t esize = DataTypeSize(r.dtype);
-  std::vector<std::pair<TensorEntry*, const BufferDesc*>> tensors;
-  for (auto& u : units) {
-    HVD_ENFORCE(u.entry, "allgather on a joined rank");
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      tensors.emplace_back(u.entry, &u.entry->inputs[t]);
-    }
-  }
-  const size_t n = tensors.size();
-  std::vector<int64_t> mine(n), dims(n * size_);
-  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].second->shape[0];
-  AllgatherBytes(mine.data(), dims.data(),
+  const GatherTensors t = CollectAllgather(units);
+  const size_t n = t.inputs.size();
+  std::vector<int64_t> dims(n * size_);
+  AllgatherBytes(t.rows.data(), dims.data(),
                  std::vector<int64_t>(size_, static_cast<int64_t>(n * sizeof(int64_t))));
   // Planned in bytes: one call carries every tensor, fused or not.
   std::vector<int64_t> row_bytes(n);
   for (size_t i = 0; i < n; ++i) {
-    row_bytes[i] = tensors[i].second->RowElements() * static_cast<int64_t>(esize);
+    row_bytes[i] = t.inputs[i]->RowElements() * static_cast<int64_t>(esize);
   }
   const GatherLayout g = PlanAllgather(dims, row_bytes, size_);
-  std::vector<char*> outs(n);
-  for (size_t i = 0; i < n; ++i) {
-    Shape shape = tensors[i].second->shape;
-    shape[0] = g.out_rows[i];
-    auto& results = tensors[i].first->result.outputs;
-    results.push_back(OwnedBuffer::Allocate(r.dtype, shape));
-    outs[i] = static_cast<char*>(results.back().data());
-  }
+  const std::vector<char*> outs = AllocateGatherOutputs(t, g, r.dtype);
   if (n == 1) {
-    AllgatherBytes(tensors[0].second->data, outs[0], g.rank_counts);
+    AllgatherBytes(t.inputs[0]->data, outs[0], g.rank_counts);
     return;
   }
   char* send = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(g.rank_counts[rank_], 1)));
-  int64_t at = 0;
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(send + at, tensors[i].second->data, g.Count(rank_, i));
-    at += g.Count(rank_, i);
-  }
+  PackOwnBlock(send, t, g, rank_);
   char* recv = scratch_b_.Reserve(static_cast<size_t>(std::max<int64_t>(g.total, 1)));
   AllgatherBytes(send, recv, g.rank_counts);
-  std::vector<int64_t> out_at(n, 0);
-  at = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    for (size_t i = 0; i < n; ++i) {
-      std::memcpy(outs[i] + out_at[i], recv + at, g.Count(rk, i));
-      out_at[i] += g.Count(rk, i);
-      at += g.Count(rk, i);
-    }
-  }
+  UnpackGathered(recv, g, outs);
 }
 
 void GlooBackend::Broadcast(const Response& r, std::vector<ExecUnit>& units) {

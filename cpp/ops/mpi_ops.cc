@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "ops/collective_layout.h"
+#include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_hierarchical_ops.h"
 #include "ops/mpi_network_ops.h"
@@ -242,40 +243,26 @@ void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
 
 void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const size_t esize = DataTypeSize(r.dtype);
-  std::vector<std::pair<TensorEntry*, const BufferDesc*>> tensors;
-  for (auto& u : units) {
-    HVD_ENFORCE(u.entry, "allgather on a joined rank");
-    for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      tensors.emplace_back(u.entry, &u.entry->inputs[t]);
-    }
-  }
-  const size_t n = tensors.size();
-  std::vector<int64_t> mine(n), dims(n * size_);
-  for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].second->shape[0];
+  const GatherTensors t = CollectAllgather(units);
+  const size_t n = t.inputs.size();
+  std::vector<int64_t> dims(n * size_);
   MPI_Request req;
-  HVD_MPI_CHECK(comm_, MPI_Iallgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
-                                      static_cast<int>(n), MPI_INT64_T, comm_, &req));
+  HVD_MPI_CHECK(comm_, MPI_Iallgather(t.rows.data(), static_cast<int>(n), MPI_INT64_T,
+                                      dims.data(), static_cast<int>(n), MPI_INT64_T, comm_, &req));
   Wait(&req, "allgather of first dimensions");
   // One tensor is gathered as elements of its type; fused tensors as bytes.
   const bool fused = n > 1;
   std::vector<int64_t> row_sizes(n);
   for (size_t i = 0; i < n; ++i) {
-    row_sizes[i] = tensors[i].second->RowElements() * (fused ? static_cast<int64_t>(esize) : 1);
+    row_sizes[i] = t.inputs[i]->RowElements() * (fused ? static_cast<int64_t>(esize) : 1);
   }
   const GatherLayout g = PlanAllgather(dims, row_sizes, size_);
   // Outputs, allocated here now that every rank's first dimension is known.
-  std::vector<char*> outs(n);
-  for (size_t i = 0; i < n; ++i) {
-    Shape shape = tensors[i].second->shape;
-    shape[0] = g.out_rows[i];
-    auto& results = tensors[i].first->result.outputs;
-    results.push_back(OwnedBuffer::Allocate(r.dtype, shape));
-    outs[i] = static_cast<char*>(results.back().data());
-  }
+  const std::vector<char*> outs = AllocateGatherOutputs(t, g, r.dtype);
   if (!fused) {
     const std::vector<int> counts = ToInts(g.rank_counts, "allgather");
     const std::vector<int> displs = ToInts(g.rank_displs, "allgather output");
-    AllgathervBlocks(tensors[0].second->data, counts[rank_], outs[0], counts, displs,
+    AllgathervBlocks(t.inputs[0]->data, counts[rank_], outs[0], counts, displs,
                      ops_->Type(r.dtype), esize);
     return;
   }
@@ -284,22 +271,10 @@ void MpiBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const std::vector<int> counts = ToInts(g.rank_counts, "fused allgather bytes");
   const std::vector<int> displs = ToInts(g.rank_displs, "fused allgather bytes");
   char* send = scratch_a_.Reserve(static_cast<size_t>(g.rank_counts[rank_]));
-  int64_t at = 0;
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(send + at, tensors[i].second->data, g.Count(rank_, i));
-    at += g.Count(rank_, i);
-  }
+  PackOwnBlock(send, t, g, rank_);
   char* recv = scratch_b_.Reserve(static_cast<size_t>(g.total));
   AllgathervBlocks(send, counts[rank_], recv, counts, displs, MPI_BYTE, 1);
-  std::vector<int64_t> out_at(n, 0);
-  at = 0;
-  for (int rk = 0; rk < size_; ++rk) {
-    for (size_t i = 0; i < n; ++i) {
-      std::memcpy(outs[i] + out_at[i], recv + at, g.Count(rk, i));
-      out_at[i] += g.Count(rk, i);
-      at += g.Count(rk, i);
-    }
-  }
+  UnpackGathered(recv, g, outs);
 }
 
 void MpiBackend::AllgathervBlocks(const void* send, int send_count, void* recv,
