@@ -39,6 +39,15 @@ struct FlagWords {
   static void Combine(uint64_t* inout, const uint64_t* in, size_t n);
 };
 
+// GatherBlobs' framing, the same on every transport: each rank's blob goes
+// in a slot of `max_bytes` + 4 bytes, its length (uint32) first.
+size_t BlobSlotBytes(size_t max_bytes);
+// Writes `mine` framed into `slot` (resized to BlobSlotBytes(max_bytes)).
+void FrameBlob(const std::string& mine, size_t max_bytes, std::vector<char>* slot);
+// Reads `size` framed slots from `gathered` into `all` (indexed by rank).
+void UnframeBlobs(const std::vector<char>& gathered, size_t max_bytes, int size,
+                  std::vector<std::string>* all);
+
 class ControlTransport {
  public:
   virtual ~ControlTransport() = default;

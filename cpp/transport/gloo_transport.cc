@@ -43,12 +43,8 @@ void GlooTransport::CombineFlags(std::vector<uint64_t>& words) {
 
 void GlooTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                                 std::vector<std::string>* all) {
-  const size_t slot = max_bytes + sizeof(uint32_t);
-  HVD_ENFORCE_LE(mine.size(), max_bytes, "request blob larger than the agreed maximum");
-  gather_send_.assign(slot, 0);
-  uint32_t len = static_cast<uint32_t>(mine.size());
-  std::memcpy(gather_send_.data(), &len, sizeof(len));
-  if (!mine.empty()) std::memcpy(gather_send_.data() + sizeof(len), mine.data(), mine.size());
+  const size_t slot = BlobSlotBytes(max_bytes);
+  FrameBlob(mine, max_bytes, &gather_send_);
   // Gloo reads the per-rank counts on every rank, so every rank names an output.
   gather_recv_.resize(slot * static_cast<size_t>(size_));
   try {
@@ -65,14 +61,7 @@ void GlooTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                    e);
   }
   if (rank_ != 0) return;
-  all->assign(size_, std::string());
-  for (int r = 0; r < size_; ++r) {
-    const char* p = gather_recv_.data() + slot * r;
-    uint32_t n;
-    std::memcpy(&n, p, sizeof(n));
-    HVD_ENFORCE_LE(n, max_bytes, "corrupt request blob from rank " << r);
-    (*all)[r].assign(p + sizeof(n), n);
-  }
+  UnframeBlobs(gather_recv_, max_bytes, size_, all);
 }
 
 void GlooTransport::BroadcastBlob(std::string* blob) {

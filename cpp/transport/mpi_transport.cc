@@ -53,13 +53,9 @@ void MpiTransport::CombineFlags(std::vector<uint64_t>& words) {
 
 void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                                std::vector<std::string>* all) {
-  const size_t slot = max_bytes + sizeof(uint32_t);
-  HVD_ENFORCE_LE(mine.size(), max_bytes, "request blob larger than the agreed maximum");
+  const size_t slot = BlobSlotBytes(max_bytes);
   HVD_ENFORCE_LT(slot, static_cast<size_t>(INT32_MAX), "request list too large");
-  gather_send_.assign(slot, 0);
-  uint32_t len = static_cast<uint32_t>(mine.size());
-  std::memcpy(gather_send_.data(), &len, sizeof(len));
-  if (!mine.empty()) std::memcpy(gather_send_.data() + sizeof(len), mine.data(), mine.size());
+  FrameBlob(mine, max_bytes, &gather_send_);
   if (rank_ == 0) gather_recv_.resize(slot * static_cast<size_t>(size_));
   MPI_Request req;
   HVD_MPI_CHECK(comm_, MPI_Igather(gather_send_.data(), static_cast<int>(slot), MPI_BYTE,
@@ -67,14 +63,7 @@ void MpiTransport::GatherBlobs(const std::string& mine, size_t max_bytes,
                                    static_cast<int>(slot), MPI_BYTE, 0, comm_, &req));
   Wait(&req, "the gather of new tensor requests to the coordinator");
   if (rank_ != 0) return;
-  all->assign(size_, std::string());
-  for (int r = 0; r < size_; ++r) {
-    const char* p = gather_recv_.data() + slot * r;
-    uint32_t n;
-    std::memcpy(&n, p, sizeof(n));
-    HVD_ENFORCE_LE(n, max_bytes, "corrupt request blob from rank " << r);
-    (*all)[r].assign(p + sizeof(n), n);
-  }
+  UnframeBlobs(gather_recv_, max_bytes, size_, all);
 }
 
 void MpiTransport::BroadcastBlob(std::string* blob) {
