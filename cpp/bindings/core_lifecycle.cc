@@ -115,6 +115,25 @@ void CoreShutdown() {
   ShutdownLocked();
 }
 
+namespace {
+
+// What `rebuild` returns; when it throws, the stopped old runtime is taken out
+// first: left installed, it would make the next hvd.init() a no-op and every
+// op say "shut down".
+template <typename Rebuild>
+auto RebuiltOrRemoved(Core& core, const std::shared_ptr<Runtime>& old, Rebuild rebuild)
+    -> decltype(rebuild()) {
+  try {
+    return rebuild();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (core.runtime == old) core.runtime.reset();
+    throw;
+  }
+}
+
+}  // namespace
+
 // Note [Elastic reset] (cpp/engine/elastic_reset.h). Returns the survivors' ranks
 // in the old world, in new-rank order.
 std::vector<int> CoreElasticReset() {
@@ -128,14 +147,8 @@ std::vector<int> CoreElasticReset() {
   }
   if (old->on_gloo()) {
     // Note [Elastic reset on Gloo] (engine/gloo_reset.h).
-    GlooResetResult r;
-    try {
-      r = RebuildGlooFromSurvivors(old);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(core.mu);
-      if (core.runtime == old) core.runtime.reset();
-      throw;
-    }
+    GlooResetResult r =
+        RebuiltOrRemoved(core, old, [&] { return RebuildGlooFromSurvivors(old); });
     {
       std::lock_guard<std::mutex> lock(core.mu);
       core.runtime = std::move(r.runtime);
@@ -144,16 +157,7 @@ std::vector<int> CoreElasticReset() {
     return r.survivors;
   }
   // Another thread's call meanwhile meets the stopped old runtime and fails.
-  ResetResult r;
-  try {
-    r = RebuildFromSurvivors(old);
-  } catch (...) {
-    // The old runtime is stopped whatever failed: left installed, it would
-    // make the next hvd.init() a no-op and every op say "shut down".
-    std::lock_guard<std::mutex> lock(core.mu);
-    if (core.runtime == old) core.runtime.reset();
-    throw;
-  }
+  ResetResult r = RebuiltOrRemoved(core, old, [&] { return RebuildFromSurvivors(old); });
   {
     std::lock_guard<std::mutex> lock(core.mu);
     core.runtime = std::move(r.runtime);
