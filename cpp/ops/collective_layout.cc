@@ -7,6 +7,12 @@
 
 namespace hvdcompat {
 
+int64_t EqualCallElements(int64_t count, int64_t max_bytes, size_t esize) {
+  const int64_t limit = std::max<int64_t>(1, max_bytes / static_cast<int64_t>(esize));
+  const int64_t calls = (count + limit - 1) / limit;
+  return calls > 0 ? (count + calls - 1) / calls : 1;
+}
+
 namespace {
 
 bool AllEqual(const std::vector<int64_t>& v) {

@@ -19,6 +19,12 @@
 
 namespace hvdcompat {
 
+// Elements per call when `count` elements of `esize` bytes go as equal calls
+// of at most `max_bytes` each: 24 MiB under a 16 MiB limit goes as two 12 MiB
+// calls, not 16 + 8 (a short tail call costs a full call's latency for little
+// data). At least 1.
+int64_t EqualCallElements(int64_t count, int64_t max_bytes, size_t esize);
+
 // Allgather: rank rk contributes rows[rk * tensors + i] rows of tensor i.
 struct GatherLayout {
   int size = 0;

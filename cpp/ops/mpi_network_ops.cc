@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/logging.h"
+#include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
 #include "ops/mpi_16bit_ops.h"
 #include "ops/mpi_hierarchical_ops.h"
@@ -262,9 +263,7 @@ void NetworkAllreduce::Drain(Pipeline& pipe) {
 
 void NetworkAllreduce::ReduceDirect(Pipeline& pipe, const NetworkPiece& p) {
   // Equal segments of at most segment_bytes_ (no short tail segment).
-  const int64_t limit = std::max<int64_t>(1, segment_bytes_ / static_cast<int64_t>(pipe.esize));
-  const int64_t calls = (p.count + limit - 1) / limit;
-  const int64_t step = calls > 0 ? (p.count + calls - 1) / calls : 1;
+  const int64_t step = EqualCallElements(p.count, segment_bytes_, pipe.esize);
   for (int64_t off = 0; off < p.count; off += step) {
     const int64_t n = std::min(step, p.count - off);
     Slot& slot = Acquire(pipe);

@@ -124,11 +124,8 @@ void MpiBackend::AllreduceElements(const void* in, void* out, int64_t count, Dat
 
 void MpiBackend::ReduceDirect(const Piece& p, DataType dtype, ReduceOp op, double post) {
   const size_t esize = DataTypeSize(dtype);
-  // Equal calls of at most max_call_bytes_: 24 MiB under a 16 MiB limit goes as two 12 MiB
-  // calls, not 16 + 8 (a short tail call costs a full call's latency for little data).
-  const int64_t limit = std::max<int64_t>(1, max_call_bytes_ / static_cast<int64_t>(esize));
-  const int64_t calls = (p.count + limit - 1) / limit;
-  const int64_t step = calls > 0 ? (p.count + calls - 1) / calls : 1;
+  // Equal calls of at most max_call_bytes_.
+  const int64_t step = EqualCallElements(p.count, max_call_bytes_, esize);
   for (int64_t off = 0; off < p.count; off += step) {
     int64_t n = std::min(step, p.count - off);
     const char* in = p.in + off * esize;

@@ -302,6 +302,9 @@ void RegisterAutotuneTesting(py::module_& m) {
 }
 
 void RegisterLayoutTesting(py::module_& m) {
+  m.def("equal_call_elements", &EqualCallElements, py::arg("count"), py::arg("max_bytes"),
+        py::arg("esize"),
+        "Elements per call of a payload split into equal calls (ops/collective_layout.h).");
   m.def(
       "plan_allgather",
       [](const std::vector<int64_t>& rows, const std::vector<int64_t>& row_sizes, int size) {

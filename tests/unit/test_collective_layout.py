@@ -95,3 +95,20 @@ def test_a_layout_of_the_wrong_length_is_an_internal_error_naming_both_sizes():
         T.plan_allgather([1, 2, 3], [1, 1], 2)
     with pytest.raises(RuntimeError, match=r"reducescatter layout.*failed: 2 vs 1"):
         T.plan_reducescatter([1, 2], [1], 2)
+
+
+@pytest.mark.parametrize("count, max_bytes, esize", [
+    (6 << 20, 16 << 20, 4), (4 << 20, 16 << 20, 4), (4 << 20 + 1, 16 << 20, 4), (0, 4096, 4),
+    (1, 4096, 8), (1000, 3, 4), (10**12, 1 << 30, 2), (7, 8, 4)])
+def test_equal_calls_cover_the_payload_without_a_short_tail(count, max_bytes, esize):
+    # The split both host allreduce paths use (in-place calls and network segments).
+    step = T.equal_call_elements(count, max_bytes, esize)
+    limit = max(1, max_bytes // esize)
+    calls = -(-count // limit)  # the fewest calls within the limit
+    assert 1 <= step <= limit
+    if count:
+        assert -(-count // step) == calls  # no more calls than needed
+        assert count - (calls - 1) * step > 0  # the last call is not empty...
+        assert step - (count - (calls - 1) * step) < calls  # ...and at most `calls` short
+    # 24 MiB of floats under a 16 MiB limit: two calls of 12 MiB, not 16 + 8.
+    assert T.equal_call_elements(6 << 20, 16 << 20, 4) == 3 << 20
