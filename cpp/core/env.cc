@@ -140,6 +140,9 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kController, "CONTROLLER", true, "auto", "auto|mpi|gloo",
        "The controller hvd.init() starts (auto: MPI under an MPI launcher or for a lone "
        "process, Gloo under hvdcompatrun --gloo, torchrun or the env:// variables)."},
+      {Knob::kReportFd, "REPORT_FD", false, "0", "fd",
+       "Set by hvdcompatrun's rank supervisor: the engine writes the ranks it lost there, for "
+       "the launcher's failure line (0: nowhere)."},
   };
   return knobs;
 }
@@ -193,7 +196,7 @@ KnobKind KindOf(const KnobSpec& spec) {
   if (unit == "ms" || unit == "s" || unit == "sd") return KnobKind::kFloat;
   if (unit == "bytes" || unit == "entries" || unit == "streams" || unit == "us" ||
       unit == "ranks" || unit == "resets" || unit == "samples" || unit == "steps" ||
-      unit == "segments") {
+      unit == "segments" || unit == "fd") {
     return KnobKind::kInt;
   }
   throw InternalError(std::string("knob HVDCOMPAT_") + spec.suffix + " has unit '" + unit +

@@ -65,6 +65,7 @@ enum class Knob : int {
   kGlooTimeoutSeconds,
   kMpirun,
   kController,
+  kReportFd,
   kCount,
 };
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -291,6 +292,33 @@ void ProcessSetWorker::InspectStalls(Clock::time_point now) {
   if (gloo_) throw std::runtime_error(stall_failure_);
 }
 
+void ProcessSetWorker::ReportLostRanks(const std::vector<int>& set_ranks) const {
+  // Note [Report channel] (hvdcompat/runner/rank_supervisor.py): the launcher
+  // learns which ranks and hosts this rank lost from a line on the
+  // supervisor's pipe, never from the job's output, which the ranks write too.
+  const int fd = static_cast<int>(KnobInt(Knob::kReportFd));
+  if (fd <= 0) return;
+  auto quoted = [](const std::string& text) {
+    std::string q = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') q += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) q += c;
+    }
+    return q + "\"";
+  };
+  std::string ranks, hosts;
+  for (int r : set_ranks) {
+    const int g = r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r;
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(g);
+    if (g >= 0 && g < static_cast<int>(config_.rank_hosts.size())) {
+      hosts += (hosts.empty() ? "" : ",") + quoted(config_.rank_hosts[g]);
+    }
+  }
+  const std::string line = "{\"ranks\": [" + ranks + "], \"hosts\": [" + hosts + "]}\n";
+  // One write of a short line: atomic on a pipe; a closed pipe is ignored.
+  if (::write(fd, line.data(), line.size()) < 0) return;
+}
+
 std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
   std::ostringstream os;
   if (!stall_failure_.empty()) return stall_failure_;
@@ -381,6 +409,8 @@ void ProcessSetWorker::Loop() {
     if (gloo_ && watch_ && (!ce || ce->failed_ranks().empty())) lost = watch_->Lost(gloo_);
     msg = lost.empty() ? DescribeFailure(e) : DescribeFailure(CommunicationError(e.what(), lost));
     HVD_LOG(kError) << msg;
+    if (lost.empty() && ce) lost = ce->failed_ranks();
+    if (!lost.empty()) ReportLostRanks(lost);
     FailEverything(Status::Error(StatusCode::kInternal, msg));
   }
 }

@@ -107,6 +107,9 @@ class ProcessSetWorker {
   void InspectStalls(Clock::time_point now);
   std::vector<StallInspector::Pending> PendingWaits(Clock::time_point now) const;
   std::string DescribeFailure(const std::exception& e) const;
+  // Writes the lost ranks (set ranks, named by their global ranks and hosts)
+  // to the rank supervisor's report pipe, when there is one (HVDCOMPAT_REPORT_FD).
+  void ReportLostRanks(const std::vector<int>& set_ranks) const;
   void RecordNegotiated(const std::vector<Response>& responses, Clock::time_point now);
   // Autotune (global set only): switch to negotiated settings; feed the
   // coordinator's tuner what a cycle executed.

@@ -130,6 +130,10 @@ class OutputRelay:
                 namespace = report.get("namespace")
                 if isinstance(namespace, str) and "@" in namespace:
                     self.namespaces.add(namespace.rsplit("@", 1)[0])
+            elif report.get("kind") == "lost":
+                # A survivor's engine lost these ranks (Note [Report channel]).
+                self._record_lost([(None, h, report.get("ranks") or [])
+                                   for h in report.get("hosts") or [] if isinstance(h, str)])
             else:
                 self.reports.append(report)
 
@@ -151,17 +155,25 @@ class OutputRelay:
         found = [(m.group(1).decode("utf-8", "replace"),
                   m.group(2).decode("utf-8", "replace").rstrip(".,"), ())
                  for m in _LOST_HOST.finditer(tail)]
-        for m in _LOST_RANKS.finditer(tail):
-            ranks = [int(x) for x in re.findall(rb"\d+", m.group(1) + b" " + (m.group(3) or b""))]
-            for host in m.group(2).decode("utf-8", "replace").split(", "):
-                found.append((None, host, ranks))
+        if self._token is None:
+            # Without supervisors (no report channel) the engine's error in the
+            # output is all there is; with them it comes as a "lost" report.
+            for m in _LOST_RANKS.finditer(tail):
+                ranks = [int(x) for x in
+                         re.findall(rb"\d+", m.group(1) + b" " + (m.group(3) or b""))]
+                for host in m.group(2).decode("utf-8", "replace").split(", "):
+                    found.append((None, host, ranks))
         aborted = {int(m.group(1)) for m in _MPI_ABORTED.finditer(tail)}
         with self._lock:
             self.mpi_aborted.update(aborted)
-            for namespace, host, ranks in found:
-                if (namespace, host) not in self._lost:
-                    self._lost.append((namespace, host))
-                self.lost_ranks.update(ranks)
+            self._record_lost(found)
+
+    def _record_lost(self, found):
+        # Under self._lock: (namespace or None, host, ranks) of each loss seen.
+        for namespace, host, ranks in found:
+            if (namespace, host) not in self._lost:
+                self._lost.append((namespace, host))
+            self.lost_ranks.update(r for r in ranks if isinstance(r, int))
 
     def survivors_done(self, np_ranks, placement=None):
         """Whether every rank not on a lost host has ended (the rest cannot be reached).

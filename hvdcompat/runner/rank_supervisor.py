@@ -25,7 +25,10 @@ the supervisor takes it out of the rank's environment before starting it and
 puts it in every report's marker (:func:`report_marker`). The launcher takes
 only lines that carry it as reports; the rest is the ranks' output. A
 supervisor also writes a start report naming its Open MPI job (namespace),
-whose daemons are the only ones whose loss the launcher believes.
+whose daemons are the only ones whose loss the launcher believes. The
+engine's own news of lost ranks (a survivor under --fault-tolerant) reaches
+the supervisor on a pipe of its own (:data:`REPORT_FD_ENV`) and goes on as a
+report of kind "lost"; the rank's output is not read for it.
 
 Run as a script, not as ``-m hvdcompat...``: importing the package would
 import torch in every supervisor.
@@ -38,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 if __package__:  # imported as hvdcompat.runner.rank_supervisor
@@ -45,11 +49,14 @@ if __package__:  # imported as hvdcompat.runner.rank_supervisor
 else:  # run as a script (above): the module beside this file, without the package
     import mpi_world
 
-__all__ = ["MARKER", "TOKEN_ENV", "report_marker", "main"]
+__all__ = ["MARKER", "TOKEN_ENV", "REPORT_FD_ENV", "report_marker", "main"]
 
 MARKER = "hvdcompatrun-rank-exit: "
 # The launch's report secret (hex), in the supervisors' environment only.
 TOKEN_ENV = "HVDCOMPAT_REPORT_TOKEN"
+# The write end of the supervisor's pipe, in the rank's environment: the
+# engine writes the ranks it lost there (a knob of the core's table).
+REPORT_FD_ENV = "HVDCOMPAT_REPORT_FD"
 
 
 def report_marker(token):
@@ -84,6 +91,23 @@ def _write_report(marker, report):
         os.write(2, (marker + json.dumps(report) + "\n").encode())
     except OSError:
         pass  # the launcher is gone; the exit status still tells it
+
+
+def _relay_engine_reports(read_fd, marker):
+    """Passes the engine's lost-rank lines (JSON, one a line) on as reports of kind "lost"."""
+    with os.fdopen(read_fd, "rb") as pipe:
+        for line in pipe:
+            try:
+                lost = json.loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            if not isinstance(lost, dict):
+                continue
+            ranks = [r for r in lost.get("ranks", []) if isinstance(r, int)]
+            hosts = [h for h in lost.get("hosts", []) if isinstance(h, str)]
+            if ranks:
+                _write_report(marker, {"kind": "lost", "rank": _rank(), "ranks": ranks,
+                                       "hosts": hosts})
 
 
 def _record_exit(report):
@@ -139,13 +163,25 @@ def main(argv=None):
     if marker != MARKER:
         _write_report(marker, {"kind": "start", "rank": _rank(),
                                "namespace": os.environ.get("PMIX_NAMESPACE")})
+    env = _place_environment(os.environ)
+    pass_fds = ()
+    if marker != MARKER:
+        # Note [Report channel]: the engine's lost-rank lines come on a pipe of
+        # their own, so a rank's output cannot pass for them.
+        read_fd, write_fd = os.pipe()
+        env[REPORT_FD_ENV] = str(write_fd)
+        pass_fds = (write_fd,)
     try:
-        child = subprocess.Popen(argv, preexec_fn=_die_with_parent,
-                                 env=_place_environment(os.environ))
+        child = subprocess.Popen(argv, preexec_fn=_die_with_parent, env=env, pass_fds=pass_fds)
     except OSError as e:
         print(f"hvdcompatrun: cannot start {argv[0]!r} on {socket.gethostname()}: {e}",
               file=sys.stderr, flush=True)
         return 127
+    if pass_fds:
+        os.close(pass_fds[0])
+        relay = threading.Thread(target=_relay_engine_reports, args=(read_fd, marker),
+                                 daemon=True)
+        relay.start()
 
     def forward(signum, _frame):
         try:
@@ -161,6 +197,8 @@ def main(argv=None):
             break
         except InterruptedError:
             continue
+    if pass_fds:
+        relay.join(timeout=2)  # the engine's last lines come before the exit report
     report = {"rank": _rank(), "host": socket.gethostname(), "time": time.time(),
               "status": code if code >= 0 else None, "signal": -code if code < 0 else None}
     _write_report(marker, report)

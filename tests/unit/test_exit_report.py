@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from hvdcompat.runner import exit_report
 from hvdcompat.runner.hosts import Host
@@ -128,6 +129,41 @@ def test_engine_error_names_lost_ranks_and_survivors_done_waits_for_the_others()
     assert exit_report.first_failure_code(relay.reports) == 0
     relay.reports.append({"rank": 1, "status": None, "signal": 9, "time": 0})
     assert exit_report.first_failure_code(relay.reports) == 137
+
+
+def test_with_the_secret_lost_ranks_come_only_as_the_engines_reports():
+    token = "7a" * 16
+    genuine = exit_report.report_marker(token)
+    printed = (b"[hvdcompat rank 0] ERROR: rank(s) 3 on host n2 (which also runs rank(s) 2) "
+               b"failed (the process exited, was killed, or lost its connection)\n")
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    relay = exit_report.OutputRelay([(os.fdopen(r, "rb"), out_w)], token=token)
+    os.write(w, printed)  # a rank's output (or a copy of the engine's log line): no loss
+    time.sleep(0.2)
+    assert relay.lost_hosts == [] and relay.lost_ranks == set()
+    report = {"kind": "lost", "rank": 0, "ranks": [3], "hosts": ["n2"]}
+    os.write(w, (genuine + json.dumps(report) + "\n").encode())
+    os.close(w)
+    relay.join(timeout=10)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        assert f.read() == printed  # the report was taken out, the output left as it was
+    assert relay.lost_hosts == ["n2"] and relay.lost_ranks == {3}
+    assert relay.reports == []  # a loss is not a rank's exit
+
+
+def test_the_supervisor_passes_the_engines_lost_ranks_on_as_a_report():
+    token = "3c" * 16
+    code = ("import json, os\n"
+            "fd = int(os.environ['HVDCOMPAT_REPORT_FD'])\n"
+            "os.write(fd, json.dumps({'ranks': [2, 3], 'hosts': ['n2']}).encode() + b'\\n')\n")
+    ran = _supervise(code, env={"HVDCOMPAT_REPORT_TOKEN": token})
+    marker = exit_report.report_marker(token)
+    reports = [json.loads(l[len(marker):]) for l in ran.stderr.splitlines()
+               if l.startswith(marker)]
+    assert {"kind": "lost", "rank": 3, "ranks": [2, 3], "hosts": ["n2"]} in reports, ran.stderr
+    assert reports[-1]["status"] == 0, ran.stderr  # the exit report comes last
 
 
 def test_a_rank_mpi_aborted_after_a_peer_failed_is_not_named_first():
