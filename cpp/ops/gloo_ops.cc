@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/checked_math.h"
 #include "ops/collective_layout.h"
 #include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
@@ -286,20 +287,15 @@ void GlooBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units) {
       o.setTag(kDataTag);
       gloo::alltoallv(o);
     }
-    int64_t total_rows = 0;
-    for (int64_t v : recv_rows) total_rows += v;
     Shape shape = in.shape;
-    shape[0] = total_rows;
+    shape[0] = CheckedSum(recv_rows, "alltoall: rows received");
+    // The layout every backend follows, in bytes here (checked sizes).
+    const AlltoallCounts c = PlanAlltoall(send_rows, recv_rows, row_bytes);
     e->result.outputs.push_back(OwnedBuffer::Allocate(r.dtype, shape));
     char* out = static_cast<char*>(e->result.outputs.back().data());
-    std::vector<int64_t> sc(size_), rc(size_);
-    for (int rk = 0; rk < size_; ++rk) {
-      sc[rk] = send_rows[rk] * row_bytes;
-      rc[rk] = recv_rows[rk] * row_bytes;
-    }
     gloo::AlltoallvOptions o(context_);
-    o.setInput(NonNull(static_cast<char*>(in.data)), sc);
-    o.setOutput(NonNull(out), rc);
+    o.setInput(NonNull(static_cast<char*>(in.data)), c.send_counts);
+    o.setOutput(NonNull(out), c.recv_counts);
     o.setTag(kDataTag + 1);
     gloo::alltoallv(o);
     e->result.received_splits.push_back(recv_rows);
