@@ -15,6 +15,19 @@
 
 namespace hvdcompat {
 
+// A reduction's scale factors, the same on every host backend: the user's
+// prescale, and the postscale with Average folded in (Average = Sum, then
+// 1/size).
+inline void ReduceScales(const Response& r, int size, double* pre, double* post) {
+  *pre = r.prescale;
+  *post = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) *post /= size;
+}
+
+// Average's factor is applied to float32 in double (bit-equal to torch's
+// sum / size); user factors alone keep Horovod's rounding in the tensor's type.
+inline bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
+
 // One response unit on this rank. `entry` is null on a rank that has joined
 // (it contributes identity values and keeps no output).
 struct ExecUnit {

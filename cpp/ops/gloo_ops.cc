@@ -69,14 +69,6 @@ ReduceFn ReduceFor(DataType dtype, ReduceOp op) {
   }
 }
 
-void Scales(const Response& r, int size, double* pre, double* post) {
-  *pre = r.prescale;
-  *post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) *post /= size;
-}
-
-bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
-
 // Gloo wants a pointer even for an empty buffer.
 char g_empty[8];
 template <typename P>
@@ -155,7 +147,7 @@ void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
   const DataType wire = HostReduceType(r.dtype);
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
-  Scales(r, size_, &pre, &post);
+  ReduceScales(r, size_, &pre, &post);
   struct Piece {
     const char* in;
     char* out;
@@ -306,7 +298,7 @@ void GlooBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units)
   const DataType wire = HostReduceType(r.dtype);
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
-  Scales(r, size_, &pre, &post);
+  ReduceScales(r, size_, &pre, &post);
   const ScatterTensors s = CollectReducescatter(units, size_);
   const int64_t total = s.layout.total;
   char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(total, 1)) * wsize);

@@ -30,17 +30,6 @@ std::vector<int> ToInts(const std::vector<int64_t>& v, const char* what) {
   return out;
 }
 
-// Scale factors with Average folded in (Average = Sum, then 1/size).
-void Scales(const Response& r, int size, double* pre, double* post) {
-  *pre = r.prescale;
-  *post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) *post /= size;
-}
-
-// Average's factor is applied to float32 in double (bit-equal to torch's
-// sum / size); user factors alone keep Horovod's rounding in the tensor's type.
-bool PostInDouble(ReduceOp op) { return op == ReduceOp::kAverage; }
-
 }  // namespace
 
 MpiBackend::MpiBackend(MPI_Comm comm, const MpiOps* ops, const Config& config,
@@ -196,7 +185,7 @@ void MpiBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
   }
   const size_t esize = DataTypeSize(r.dtype);
   double pre, post;
-  Scales(r, size_, &pre, &post);
+  ReduceScales(r, size_, &pre, &post);
   std::vector<Piece> pieces;
   size_t joined = 0;
   for (auto& u : units) {
@@ -387,7 +376,7 @@ void MpiBackend::Reducescatter(const Response& r, std::vector<ExecUnit>& units) 
   const size_t esize = DataTypeSize(r.dtype);
   const size_t wsize = DataTypeSize(wire);
   double pre, post;
-  Scales(r, size_, &pre, &post);
+  ReduceScales(r, size_, &pre, &post);
   const ScatterTensors s = CollectReducescatter(units, size_);
   const std::vector<int> counts = ToInts(s.layout.rank_counts, "reducescatter count");
   const int64_t total = s.layout.total;
