@@ -158,7 +158,12 @@ def note_launcher_retry(launcher, what, reason, attempt, attempts):
         print(line, file=sys.stderr, flush=True)
 
 
-def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
+def _launcher_name(controller):
+    return "hvdcompatrun --gloo" if controller == "gloo" else "mpirun"
+
+
+def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None,
+              controller="mpi"):
     """Runs `argv` on `np` ranks; returns a LaunchResult.
 
     A launch that failed before any rank started, for a known launcher
@@ -176,15 +181,15 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
     """
     attempts = 3
     for attempt in range(attempts):
-        result = _launch(np, argv, timeout, env, mpi_args)
+        result = _launch(np, argv, timeout, env, mpi_args, controller)
         # Some rank printed something (Open MPI's tag; the retried failures are its own).
         reason = None if result.returncode == 0 else launcher_failed_to_start(
             result.output, ranks_ran="[1," in result.output)
         if reason is None or attempt == attempts - 1:
             break
-        note_launcher_retry(f"mpirun -np {np}", what or short_command(argv), reason, attempt + 1,
+        note_launcher_retry(f"{_launcher_name(controller)} -np {np}", what or short_command(argv), reason, attempt + 1,
                             attempts)
-    report_launch(f"mpirun -np {np}", what or short_command(argv), result.seconds,
+    report_launch(f"{_launcher_name(controller)} -np {np}", what or short_command(argv), result.seconds,
                   result.returncode, result.timed_out, result.output, env)
     if check and (result.timed_out or result.returncode != 0):
         label = what or " ".join(argv)
@@ -196,11 +201,14 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None):
     return result
 
 
-def _launch(np, argv, timeout, env, mpi_args):
+def _launch(np, argv, timeout, env, mpi_args, controller="mpi"):
     piddir = tempfile.mkdtemp(prefix="hvd-pids-")
     full_env = mpi_env(env)
     full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
-    if flavor() == "mpich":
+    if controller == "gloo":
+        # No MPI launcher: hvdcompatrun --gloo starts the ranks and serves the store.
+        cmd = [sys.executable, "-m", "hvdcompat.runner.launch", "--gloo", "-np", str(np), *argv]
+    elif flavor() == "mpich":
         # Hydra: no oversubscription flag (it never refuses). Its -prepend-rank tags
         # every write, not every line ("ERR[0]  [0] text" for one print), which
         # would split the lines tests look for; its output stays untagged.
@@ -230,20 +238,27 @@ def _launch(np, argv, timeout, env, mpi_args):
                         " ".join(cmd))
 
 
-def run_pytest_ranks(np, path, timeout, env=None, check=True):
+def run_pytest_ranks(np, path, timeout, env=None, check=True, controller="mpi", deselect=()):
     """Runs the pytest file `path` (relative to the repo; or a list of them, in one
     session) on `np` ranks with the rank plugin.
 
     `env` adds to every rank's environment (e.g. engine knobs read at hvd.init).
+    `controller` "gloo" launches with hvdcompatrun --gloo instead of mpirun;
+    `deselect` lists node id prefixes left out.
     """
     paths = [path] if isinstance(path, str) else list(path)
     # Installed plugins (hypothesis, benchmark, ...) are not used by rank
     # sessions; importing them costs every rank seconds of CPU.
     env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})}
+    if controller == "gloo":
+        env["HVDCOMPAT_TEST_CONTROLLER"] = "gloo"  # the rank plugin checks it
     return run_ranks(np, [sys.executable, "-m", "pytest", "-x", "-q", "-s", "--color=no",
                           "-p", "no:cacheprovider",
-                          "-p", "rankplugin", *paths], timeout=timeout, env=env, check=check,
-                     what=_files_label(paths))
+                          "-p", "rankplugin",
+                          *[a for d in deselect for a in ("--deselect", d)], *paths],
+                     timeout=timeout, env=env, check=check,
+                     what=_files_label(paths),
+                     controller=controller)
 
 
 def _files_label(paths):

@@ -22,6 +22,10 @@ import hvdcompat as hvd  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def hvd_session():
     hvd.init()
+    if os.environ.get("HVDCOMPAT_TEST_CONTROLLER") == "gloo":
+        # Launched to run on the Gloo controller: it must (not MPI, as a one-rank job).
+        assert hvd.gloo_enabled() and not hvd.mpi_enabled() and hvd.size() > 1, (
+            "expected the Gloo controller", hvd.gloo_enabled(), hvd.size())
     yield
     hvd.shutdown()
 

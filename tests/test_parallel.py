@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from harness import REPO, run_pytest_ranks
+from harness import REPO, flavor, run_pytest_ranks
 
 FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "tests", "parallel",
                                                                   "test_*.py")))
@@ -45,19 +45,35 @@ GROUPS = {
     # sets when they are allowed at import (here) and re-initialises otherwise.
     "dynamic": DYNAMIC + ["test_process_sets.py"],
 }
+# The same files on the Gloo controller (hvdcompatrun --gloo, no MPI at all):
+# every file but those about MPI itself (mpi4py communicators, the MPI launch's
+# variables, the MPI-only plans: Adasum, hierarchical and network allreduce),
+# test_errors.py (its stall test expects the MPI controller's message; Gloo's
+# stall handling is tests/gloo/test_gloo_engine.py's), the DDP files (their own
+# process groups) and the soak. The slow lifecycle files run at 2 ranks only.
+MPI_ONLY = {"test_adasum.py", "test_hierarchical.py", "test_network_plan.py", "test_topology.py",
+            "test_process_sets.py", "test_errors.py", "test_ddp_backend.py", "test_ddp_hooks.py",
+            "test_soak.py", "test_fuzz_collectives.py"}
+# (Not under MPICH's smoke run: the Gloo controller does not depend on the MPI.)
+if flavor() != "mpich":
+    GROUPS["gloo"] = [name for name in GROUPS["default"] if name not in MPI_ONLY]
+GLOO_ONE_COUNT = {"test_lifecycle.py": 2, "test_shutdown_race.py": 2, "test_autotune.py": 2,
+                  "test_output_pool.py": 2}
+GLOO_DESELECT = ["tests/parallel/test_allreduce.py::test_adasum_runs_in_every_form"]
 _ONLY = [n for n in os.environ.get("HVDCOMPAT_TEST_PARALLEL_FILES", "").split(",") if n]
 
 
 def _files(group, np):
+    counts = {**ONE_COUNT, **(GLOO_ONE_COUNT if group == "gloo" else {})}
     return [name for name in GROUPS[group]
-            if ONE_COUNT.get(name, np) == np and (not _ONLY or name in _ONLY)]
+            if counts.get(name, np) == np and (not _ONLY or name in _ONLY)]
 
 
 CASES = [(group, np) for group in GROUPS for np in (2, 3) if _files(group, np)]
 
 
 def test_every_parallel_file_is_in_a_group():
-    grouped = {name for names in GROUPS.values() for name in names}
+    grouped = {name for group, names in GROUPS.items() if group != "gloo" for name in names}
     assert set(FILES) <= grouped, sorted(set(FILES) - grouped)
     assert not (set(_ONLY) - set(FILES)), f"HVDCOMPAT_TEST_PARALLEL_FILES names no file: {_ONLY}"
 
@@ -66,5 +82,11 @@ def test_every_parallel_file_is_in_a_group():
 def test_parallel_files(group, np):
     files = _files(group, np)
     paths = [os.path.join("tests", "parallel", name) for name in files]
+    if group == "gloo":
+        result = run_pytest_ranks(np, paths, timeout=TIMEOUT * len(files), controller="gloo",
+                                  deselect=GLOO_DESELECT)
+        # Every rank ran on Gloo (the launch gives the controller; a rank on MPI would fail).
+        assert "passed" in result.output, result.output
+        return
     result = run_pytest_ranks(np, paths, timeout=TIMEOUT * len(files))
     assert "passed" in result.output, result.output
