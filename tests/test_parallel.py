@@ -57,14 +57,19 @@ MPI_ONLY = {"test_adasum.py", "test_hierarchical.py", "test_network_plan.py", "t
 # (Not under MPICH's smoke run: the Gloo controller does not depend on the MPI.)
 if flavor() != "mpich":
     GROUPS["gloo"] = [name for name in GROUPS["default"] if name not in MPI_ONLY]
+    GROUPS["gloo-dynamic"] = list(GROUPS["dynamic"])
 GLOO_ONE_COUNT = {"test_lifecycle.py": 2, "test_shutdown_race.py": 2, "test_autotune.py": 2,
                   "test_output_pool.py": 2}
-GLOO_DESELECT = ["tests/parallel/test_allreduce.py::test_adasum_runs_in_every_form"]
+GLOO_DESELECT = ["tests/parallel/test_allreduce.py::test_adasum_runs_in_every_form",
+                 # mpi4py communicators, and plain MPI messages between the ranks:
+                 "tests/parallel/test_process_sets.py::test_a_communicator_set_on_one_rank_only",
+                 "tests/parallel/test_process_sets.py::test_static_sets_from_mpi_communicators",
+                 "tests/parallel/test_process_sets.py::test_a_set_runs_while_the_global_set_waits"]
 _ONLY = [n for n in os.environ.get("HVDCOMPAT_TEST_PARALLEL_FILES", "").split(",") if n]
 
 
 def _files(group, np):
-    counts = {**ONE_COUNT, **(GLOO_ONE_COUNT if group == "gloo" else {})}
+    counts = {**ONE_COUNT, **(GLOO_ONE_COUNT if group.startswith("gloo") else {})}
     return [name for name in GROUPS[group]
             if counts.get(name, np) == np and (not _ONLY or name in _ONLY)]
 
@@ -73,7 +78,7 @@ CASES = [(group, np) for group in GROUPS for np in (2, 3) if _files(group, np)]
 
 
 def test_every_parallel_file_is_in_a_group():
-    grouped = {name for group, names in GROUPS.items() if group != "gloo" for name in names}
+    grouped = {name for group, names in GROUPS.items() if not group.startswith("gloo") for name in names}
     assert set(FILES) <= grouped, sorted(set(FILES) - grouped)
     assert not (set(_ONLY) - set(FILES)), f"HVDCOMPAT_TEST_PARALLEL_FILES names no file: {_ONLY}"
 
@@ -82,7 +87,7 @@ def test_every_parallel_file_is_in_a_group():
 def test_parallel_files(group, np):
     files = _files(group, np)
     paths = [os.path.join("tests", "parallel", name) for name in files]
-    if group == "gloo":
+    if group.startswith("gloo"):
         result = run_pytest_ranks(np, paths, timeout=TIMEOUT * len(files), controller="gloo",
                                   deselect=GLOO_DESELECT)
         # Every rank ran on Gloo (the launch gives the controller; a rank on MPI would fail).
