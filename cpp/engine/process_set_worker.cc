@@ -292,6 +292,14 @@ void ProcessSetWorker::InspectStalls(Clock::time_point now) {
   if (gloo_) throw std::runtime_error(stall_failure_);
 }
 
+std::vector<int> ProcessSetWorker::GlobalRanks(const std::vector<int>& set_ranks) const {
+  std::vector<int> out;
+  for (int r : set_ranks) {
+    out.push_back(r >= 0 && r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r);
+  }
+  return out;
+}
+
 void ProcessSetWorker::ReportLostRanks(const std::vector<int>& set_ranks) const {
   // Note [Report channel] (hvdcompat/runner/rank_supervisor.py): the launcher
   // learns which ranks and hosts this rank lost from a line on the
@@ -307,8 +315,7 @@ void ProcessSetWorker::ReportLostRanks(const std::vector<int>& set_ranks) const 
     return q + "\"";
   };
   std::string ranks, hosts;
-  for (int r : set_ranks) {
-    const int g = r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r;
+  for (int g : GlobalRanks(set_ranks)) {
     ranks += (ranks.empty() ? "" : ",") + std::to_string(g);
     if (g >= 0 && g < static_cast<int>(config_.rank_hosts.size())) {
       hosts += (hosts.empty() ? "" : ",") + quoted(config_.rank_hosts[g]);
@@ -328,10 +335,7 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
   }
   const auto* ce = dynamic_cast<const CommunicationError*>(&e);
   if (ce && !ce->failed_ranks().empty()) {
-    std::vector<int> lost;
-    for (int r : ce->failed_ranks()) {
-      lost.push_back(r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r);
-    }
+    const std::vector<int> lost = GlobalRanks(ce->failed_ranks());
     os << "rank(s) " << JoinInts(lost) << DescribeHosts(lost, config_.rank_hosts, global_ranks_[rank_])
        << " failed (the process exited, was killed, or lost its "
        << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())

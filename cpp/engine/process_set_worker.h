@@ -107,6 +107,8 @@ class ProcessSetWorker {
   void InspectStalls(Clock::time_point now);
   std::vector<StallInspector::Pending> PendingWaits(Clock::time_point now) const;
   std::string DescribeFailure(const std::exception& e) const;
+  // Set ranks (as a failure names them) as global ranks.
+  std::vector<int> GlobalRanks(const std::vector<int>& set_ranks) const;
   // Writes the lost ranks (set ranks, named by their global ranks and hosts)
   // to the rank supervisor's report pipe, when there is one (HVDCOMPAT_REPORT_FD).
   void ReportLostRanks(const std::vector<int>& set_ranks) const;

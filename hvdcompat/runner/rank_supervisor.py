@@ -160,12 +160,11 @@ def main(argv=None):
         print("rank_supervisor: no command given", file=sys.stderr)
         return 2
     marker = report_marker(os.environ.pop(TOKEN_ENV, None))  # the rank never sees it
-    if marker != MARKER:
-        _write_report(marker, {"kind": "start", "rank": _rank(),
-                               "namespace": os.environ.get("PMIX_NAMESPACE")})
     env = _place_environment(os.environ)
     pass_fds = ()
     if marker != MARKER:
+        _write_report(marker, {"kind": "start", "rank": _rank(),
+                               "namespace": os.environ.get("PMIX_NAMESPACE")})
         # Note [Report channel]: the engine's lost-rank lines come on a pipe of
         # their own, so a rank's output cannot pass for them.
         read_fd, write_fd = os.pipe()
