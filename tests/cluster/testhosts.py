@@ -3,10 +3,12 @@
 A :class:`HostCluster` creates N hosts, each a network namespace with its own
 hostname (set per command through ``unshare --uts``), a veth pair into a
 bridge in the machine's own namespace, an address in a /24 of the RFC 2544
-benchmarking range 198.18.0.0/15 (never a private range), and a name in
-/etc/hosts. Open MPI reaches them through an ssh stand-in script
-(``--prtemca plm_ssh_agent``) that runs the remote command inside the host's
-namespace with a clean environment, as a real ``ssh host cmd`` does.
+benchmarking range 198.18.0.0/15 (never a private range), a name in
+/etc/hosts, and no name server (a lookup /etc/hosts cannot answer fails at
+once, instead of after the resolver's timeout). Open MPI reaches them through
+an ssh stand-in script (``--prtemca plm_ssh_agent``) that runs the remote
+command inside the host's namespace with a clean environment, as a real
+``ssh host cmd`` does.
 
 Note [Test host cleanup]: everything created is recorded in a state file
 under :data:`STATE_DIR`, held under an exclusive ``flock`` for the cluster's
@@ -77,6 +79,25 @@ def unavailable_reason():
     finally:
         _run(["ip", "netns", "del", probe], check=False)
     return None
+
+
+def _name_servers(path="/etc/resolv.conf"):
+    """The name servers of `path` that are not loopback addresses (as host routes)."""
+    found = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                words = line.split()
+                if len(words) >= 2 and words[0] == "nameserver":
+                    addr = words[1].split("%")[0]
+                    if ":" in addr and addr != "::1":
+                        found.append(addr + "/128")
+                    elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+", addr) and \
+                            not addr.startswith("127."):
+                        found.append(addr + "/32")
+    except OSError:
+        pass
+    return found
 
 
 def _lock_state_dir():
@@ -372,6 +393,11 @@ class HostCluster:
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", self.gateway])
+            for server in _name_servers():
+                # No name server answers inside a host: a lookup of an address that is
+                # not in /etc/hosts fails at once, as where the DNS answers, instead of
+                # after the resolver's timeout (torch's store looks up each client).
+                _run(["ip", "-n", ns, "route", "add", "unreachable", server], check=False)
             _run(["ip", "link", "set", veth, "master", self._bridge])
             _run(["ip", "link", "set", veth, "up"])
         lines = "".join(f"{addr} {name} {_MARK}{self.prefix}\n"
@@ -445,9 +471,13 @@ class HostCluster:
                 f.write(f"{name} slots={s}\n")
         return path
 
-    def on_host(self, host, argv):
-        """``argv`` wrapped to run on `host` (its namespace and hostname), environment kept."""
-        name = self.names[self.host_index(host)]
+    def on_host(self, host, argv, hostname=None):
+        """``argv`` wrapped to run on `host` (its namespace and hostname), environment kept.
+
+        `hostname` gives the command another host name than the host's own (e.g. one that
+        resolves to a loopback address, as ``127.0.1.1 node1`` lines in /etc/hosts make it).
+        """
+        name = hostname or self.names[self.host_index(host)]
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c",
                 f'hostname {shlex.quote(name)} && exec "$@"', "sh", *argv]
 
