@@ -14,7 +14,7 @@ import sys
 from hvdcompat import rendezvous as _rdzv
 from hvdcompat import store as _store
 
-__all__ = ["NO_GLOO", "prepare", "gloo_built", "engine_spans_launch"]
+__all__ = ["NO_GLOO", "prepare", "gloo_built", "engine_spans_launch", "bind_address"]
 
 NO_GLOO = ("this build has no Gloo controller (hvdcompatrun --check-build shows '[ ] Gloo'), so "
            "hvd.init() cannot run without an MPI launcher. Launch with hvdcompatrun or mpirun, "
@@ -177,8 +177,39 @@ def prepare(core, environ, process=None):
             "local_rank": launch.local_rank, "local_size": launch.local_size,
             "cross_rank": launch.cross_rank, "cross_size": launch.cross_size,
             "hostname": launch.hostname, "gloo_iface": launch.iface,
-            "gloo_hostname": "",
+            "gloo_hostname": bind_address(launch),
             "gloo_timeout_s": launch.timeout_s}
+
+
+def _ipv4(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def bind_address(launch, hostname=None):
+    """The address Gloo binds to when no interface is named: "" (the host name's), unless
+    that name resolves to a loopback address (``127.0.1.1 node1`` in /etc/hosts is common)
+    or to nothing while the store is on another host; then the address this host routes
+    toward the store from, which the other hosts reach as well as the store.
+
+    `hostname` (tests) stands for ``socket.gethostname()``.
+    """
+    if launch.iface:
+        return ""
+    store = _ipv4(launch.store_host)
+    if store is None or store.startswith("127."):
+        return ""  # a job on this machine, or the store's own error comes first
+    mine = _ipv4(hostname or socket.gethostname())
+    if mine is not None and not mine.startswith("127."):
+        return ""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((store, launch.store_port))  # UDP connect sends nothing: the route only
+            return s.getsockname()[0]
+    except OSError:
+        return ""
 
 
 def _require_gloo(core):

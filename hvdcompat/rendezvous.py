@@ -13,6 +13,11 @@ table like every setting) decide when set. Otherwise (unset, empty or ``auto``):
   launcher's variables) runs on Gloo;
 - anything else (``python train.py``) runs on MPI as a one-rank job.
 
+Gloo binds its connections to HOROVOD_GLOO_IFACE, else the first interface of
+torch's GLOO_SOCKET_IFNAME, else the host name's address (or, where that is a
+loopback address while the store is elsewhere, the address this host routes
+toward the store from; hvdcompat/gloo_init.py).
+
 A Gloo job's place in the world comes from the launch's variables: Horovod's
 Gloo-mode ``HOROVOD_RANK``/``SIZE``/``LOCAL_RANK``/``LOCAL_SIZE``/
 ``CROSS_RANK``/``CROSS_SIZE``/``HOSTNAME`` first (hvdcompatrun --gloo and
@@ -136,6 +141,16 @@ def _timeout(environ):
     return value
 
 
+def _interface(environ):
+    """The network interface for Gloo's connections: Horovod's HOROVOD_GLOO_IFACE, else the
+    first of torch's GLOO_SOCKET_IFNAME (what a torchrun user already sets for torch's own
+    gloo backend), else "" (bind to the host name's address, see gloo_init.bind_address)."""
+    iface = environ.get("HOROVOD_GLOO_IFACE", "").strip()
+    if iface:
+        return iface
+    return environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+
+
 def gloo_launch(environ=None):
     """This rank's :class:`GlooLaunch`, from the launch's variables.
 
@@ -144,7 +159,7 @@ def gloo_launch(environ=None):
     """
     environ = os.environ if environ is None else environ
     timeout = _timeout(environ)
-    iface = environ.get("HOROVOD_GLOO_IFACE", "").strip()
+    iface = _interface(environ)
     if launched_by_gloo_launcher(environ):
         size = _int(environ, "HOROVOD_SIZE", required=True, low=1)
         local_size = _int(environ, "HOROVOD_LOCAL_SIZE", required=False, low=1)

@@ -17,8 +17,8 @@ import time
 
 from harness import REPO, LaunchResult, mpi_env, mpirun
 
-__all__ = ["host_list", "run_mpirun", "run_hvdcompatrun", "run_pytest_across_hosts",
-           "PARALLEL_SELECTION"]
+__all__ = ["host_list", "run_mpirun", "run_hvdcompatrun", "run_on_each_host",
+           "run_pytest_across_hosts", "PARALLEL_SELECTION"]
 
 # What ranks need from the launching environment; mpirun forwards it with -x
 # (a remote rank starts from a clean environment, as under ssh).
@@ -108,6 +108,63 @@ def run_hvdcompatrun(cluster, args, timeout, env=None, check=True):
     finally:
         shutil.rmtree(piddir, ignore_errors=True)
     return _finish(result, check, "hvdcompatrun " + " ".join(args), timeout)
+
+
+def run_on_each_host(cluster, commands, timeout, env=None, hostname=None):
+    """Runs ``commands[k]`` on test host k, all at once, as a user starts a launcher on
+    each machine (``torchrun --node_rank=k`` ...); returns their LaunchResults.
+
+    On a timeout every rank's stacks are dumped (ranks register in
+    HVDCOMPAT_TEST_PIDDIR) and every command is killed. `hostname` gives
+    every command that host name instead of its host's (see HostCluster.on_host).
+    """
+    piddir = tempfile.mkdtemp(prefix="hvd-pids-")
+    full_env = mpi_env(env)
+    full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
+    start = time.monotonic()
+    procs, outputs, readers = [], [], []
+    try:
+        for k, argv in enumerate(commands):
+            proc = subprocess.Popen(cluster.on_host(k, argv, hostname=hostname),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=full_env, cwd=REPO, start_new_session=True, text=True,
+                                    errors="replace")
+            chunks = []
+            reader = threading.Thread(target=lambda p=proc, c=chunks: c.extend(
+                iter(p.stdout.readline, "")), daemon=True)
+            reader.start()
+            procs.append(proc)
+            outputs.append(chunks)
+            readers.append(reader)
+        timed_out = False
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, start + timeout - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for sig, pause in ((signal.SIGUSR1, 3), (signal.SIGKILL, 0)):
+                for name in os.listdir(piddir):
+                    try:
+                        os.kill(int(name), sig)
+                    except (ValueError, ProcessLookupError, PermissionError):
+                        pass
+                time.sleep(pause)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+        shutil.rmtree(piddir, ignore_errors=True)
+    for reader in readers:
+        reader.join(timeout=10)
+    seconds = time.monotonic() - start
+    return [LaunchResult(p.returncode, "".join(out), seconds, timed_out, " ".join(argv))
+            for p, out, argv in zip(procs, outputs, commands)]
 
 
 # A representative subset of tests/parallel (every collective, grouped ops,

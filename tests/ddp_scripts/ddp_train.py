@@ -2,7 +2,9 @@
 
 Without flags it imports nothing from hvdcompat (the "unmodified script");
 ``--accelerate`` adds the one-line import. Every rank checks its parameters
-against a single-process reference and prints one "ok" line.
+against a single-process reference and prints one "ok" line; with
+``--report-engine`` also one "engine" line (the engine's world, topology,
+tensors reduced, and a digest of the final parameters).
 """
 
 import sys
@@ -11,7 +13,16 @@ if "--accelerate" in sys.argv:
     import hvdcompat.ddp.accelerate  # noqa: F401
 
 import argparse
+import hashlib
 import os
+
+if os.environ.get("HVDCOMPAT_TEST_PIDDIR"):
+    # A test that times out dumps this rank's stacks (SIGUSR1) before killing it.
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    open(os.path.join(os.environ["HVDCOMPAT_TEST_PIDDIR"], str(os.getpid())), "w").close()
 
 import torch
 import torch.distributed as dist
@@ -34,6 +45,7 @@ def main():
     p.add_argument("--accelerate", action="store_true")
     p.add_argument("--tolerance", type=float, default=1e-5)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--report-engine", action="store_true")
     p.add_argument("--local-rank", "--local_rank", type=int, default=None)
     args = p.parse_args()
 
@@ -60,6 +72,15 @@ def main():
         raise SystemExit(f"rank {r}: parameters differ from the reference by {err}")
     print(f"ddp_train rank {r} of {n} ok backend={dist.get_backend()} route={route} err={err:.2e}",
           flush=True)
+    if args.report_engine:
+        import hvdcompat as hvd
+
+        digest = hashlib.sha1(b"".join(p.detach().numpy().tobytes()
+                                       for p in model.parameters())).hexdigest()[:16]
+        print(f"ddp_train engine rank {hvd.rank()} size {hvd.size()} local {hvd.local_rank()} "
+              f"{hvd.local_size()} cross {hvd.cross_rank()} {hvd.cross_size()} gloo "
+              f"{int(hvd.gloo_enabled())} tensors {hvd.engine_stats()['tensors']} "
+              f"digest {digest}", flush=True)
     # Tear down together, the model first: no rank closes its gloo connections
     # while a peer's group is still in use, and no DDP reducer outlives the group.
     del model, opt

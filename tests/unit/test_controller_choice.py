@@ -242,3 +242,28 @@ def test_without_torchruns_agent_rank_0_serves_the_store_and_torch_joins_it(monk
                             timeout=datetime.timedelta(seconds=5))
     torch_client.set("from torch", b"1")
     assert processes[0].server.get("from torch") == b"1"
+
+
+def test_the_interface_is_horovods_else_torchs_gloo_socket_ifname():
+    launch = rendezvous.gloo_launch({**TORCHRUN, "GLOO_SOCKET_IFNAME": "eth2,eth3"})
+    assert launch.iface == "eth2"
+    launch = rendezvous.gloo_launch({**TORCHRUN, **GLOO_RUN, "GLOO_SOCKET_IFNAME": "eth2"})
+    assert launch.iface == "eth1"
+    assert rendezvous.gloo_launch(TORCHRUN).iface == ""
+
+
+def test_gloo_binds_to_the_host_names_address_unless_it_is_loopback(monkeypatch):
+    addresses = {"node1": "10.0.0.5", "lo-node": "127.0.1.1", "10.0.0.1": "10.0.0.1",
+                 "127.0.0.1": "127.0.0.1"}
+    monkeypatch.setattr(gloo_init, "_ipv4", addresses.get)
+    remote = rendezvous.gloo_launch(TORCHRUN)  # the store at 10.0.0.1
+    assert gloo_init.bind_address(remote, hostname="node1") == ""  # the name's own address
+    # A job on this machine (the store on loopback) and a named interface keep the name.
+    local = rendezvous.gloo_launch({**TORCHRUN, "MASTER_ADDR": "127.0.0.1"})
+    assert gloo_init.bind_address(local, hostname="lo-node") == ""
+    named = rendezvous.gloo_launch({**TORCHRUN, "GLOO_SOCKET_IFNAME": "eth0"})
+    assert gloo_init.bind_address(named, hostname="lo-node") == ""
+    # A loopback name with the store elsewhere: the address routed toward the store, which
+    # is never a loopback one (tests/cluster/test_ddp_across_hosts.py runs it across hosts).
+    found = gloo_init.bind_address(remote, hostname="lo-node")
+    assert not found.startswith("127."), found

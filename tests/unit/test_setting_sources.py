@@ -27,6 +27,8 @@ NOT_KNOBS = {
     "OMPI_MCA_mpi_yield_when_idle": "Open MPI's own setting: hvdcompat only sets a default",
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "MPICH's own setting: hvdcompat only sets a default",
     "NCCL_SOCKET_IFNAME": "NCCL's own setting, forwarded to the ranks",
+    "GLOO_SOCKET_IFNAME": "torch's gloo backend's own setting, also the Gloo controller's "
+                          "interface when HOROVOD_GLOO_IFACE is unset",
     "PMIX_NAMESPACE": _MPI,
     "MASTER_ADDR": _TORCH, "MASTER_PORT": _TORCH, "TORCHELASTIC_RESTART_COUNT": _TORCH,
     "TORCHELASTIC_USE_AGENT_STORE": _TORCH,
