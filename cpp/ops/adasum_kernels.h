@@ -1,7 +1,7 @@
 // The element-wise half of Adasum: dot products, squared norms and the
 // scaled sum of two vectors. Host memory, float32 or float64 (float16 and
 // bfloat16 are widened to float32 before they get here). The communication
-// half is in ops/adasum_mpi.h; Note [Adasum] there says how they fit.
+// half is in ops/adasum.h; Note [Adasum] there says how they fit.
 #pragma once
 
 #include <cfloat>

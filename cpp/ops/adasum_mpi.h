@@ -1,122 +1,59 @@
-// Adasum allreduce of host buffers over MPI point-to-point messages.
-// See Note [Adasum] and Note [Adasum with any number of ranks].
+// Adasum allreduce of host buffers over MPI point-to-point messages: the
+// MPI controller's transport for the shared algorithm of ops/adasum.h (Note
+// [Adasum peers]).
 #pragma once
 
 #include <mpi.h>
 
 #include <vector>
 
-#include "negotiation/fusion.h"
-#include "ops/adasum_kernels.h"
-#include "ops/backend.h"
+#include "ops/adasum.h"
 
 namespace hvdcompat {
 
-// Note [Adasum]
-// Adasum combines two vectors a and b (one tensor each) as
-//   ca * a + cb * b,  ca = 1 - a.b / (2 |a|^2),  cb = 1 - a.b / (2 |b|^2)
-// with a.b, |a|^2 and |b|^2 summed in double (a zero vector, |v|^2 below
-// sqrt(DBL_MIN), keeps coefficient 1). Orthogonal vectors add up; parallel
-// ones average. A fused buffer is combined tensor by tensor: every tensor
-// gets its own coefficients, as if it had been reduced alone.
-//
-// Across ranks the combination runs as a binary tree in rank order,
-// ((r0 + r1) + (r2 + r3)) + ..., computed by recursive vector halving and
-// distance doubling. At level L = 1, 2, 4, ... rank c exchanges half of its
-// current segment with rank c ^ L: the lower rank keeps the first half, the
-// upper the second, each receives the partner's copy of the half it keeps.
-// Both hold the same segment of two partial results (the left operand is
-// the block of lower ranks), so each rank computes the dots of its slice of
-// every tensor; those partial dots are summed over the 2L ranks that the
-// level combines (recursive doubling with ranks c ^ 1, c ^ 2, ..., c ^ L:
-// every rank of the group ends with the same sums), which gives the whole
-// tensor's coefficients, and the rank combines its slice. After the last
-// level every rank owns 1/P of the result; the reverse phase swaps halves
-// with the same partners in the opposite order until every rank holds all
-// of it. Each element is sent log2(P) times in each phase, as in a
-// reduce-scatter + allgather.
-//
-// Note [Adasum with any number of ranks]
-// Recursive halving needs a power of two, P, of ranks. With N = P + E ranks
-// (0 < E < P), the first 2E ranks fold in pairs first: rank 2i+1 sends its
-// vector to rank 2i, which combines r(2i) + r(2i+1) (as any pair above) and
-// takes part in the P-rank algorithm; ranks from 2E on take part as they
-// are. Rank 2i sends the final result to rank 2i+1 at the end. The result
-// is the binary tree over the P leaves (r0 + r1), ..., (r(2E-2) + r(2E-1)),
-// r(2E), ..., r(N-1), in rank order: 3 ranks give (r0 + r1) + r2, 5 give
-// ((r0 + r1) + r2) + (r3 + r4), 6 give ((r0 + r1) + (r2 + r3)) + (r4 + r5).
-// On a power of two it is exactly the tree of Note [Adasum]. Folding
-// adjacent ranks keeps the extra traffic between ranks that usually share a
-// node.
-
-// The tensors of one Adasum response in order: where each one's input and
-// output live (both null on a joined rank, whose tensors are zeros, Adasum's
-// identity) and its element count. Shared by the host and the NCCL paths.
-struct AdasumPiece {
-  const char* in;
-  char* out;
-  int64_t count;
-};
-struct AdasumLayout {
-  std::vector<AdasumPiece> pieces;
-  std::vector<int64_t> counts;  // pieces' counts, the per-tensor split of the buffer
-  int64_t total = 0;            // elements in all
-};
-AdasumLayout AdasumLayoutOf(const std::vector<ExecUnit>& units);
-
-// Runs Adasum on one communicator. Worker thread only; every rank of the
-// communicator must call the same reductions in the same order.
-class AdasumMpi {
+// MPI_Sendrecv with one peer of `comm`; with `dots_comm`, the partial dots
+// are summed over it (the ranks holding the other shards).
+class MpiAdasumPeers : public AdasumPeers {
  public:
-  // `dots_comm`: see ReduceShardInPlace; MPI_COMM_NULL when every rank of
-  // `comm` holds whole vectors. Neither communicator is owned.
-  explicit AdasumMpi(MPI_Comm comm, MPI_Comm dots_comm = MPI_COMM_NULL);
+  // Neither communicator is owned; `dots_comm` may be MPI_COMM_NULL.
+  MpiAdasumPeers(MPI_Comm comm, MPI_Comm dots_comm);
 
-  // Reduces `buf` in place on every rank: `counts[i]` elements of tensor i,
-  // back to back, of `dtype` (float32 or float64). Throws on MPI failure.
-  void ReduceInPlace(void* buf, DataType dtype, const std::vector<int64_t>& counts);
-
-  // The same on a shard: `shard` holds elements [lo, lo + n) of such a
-  // buffer (every rank of `comm` the same range), and the other shards are
-  // reduced at the same time by the ranks of `dots_comm` (each with a
-  // communicator like `comm` of its own). Partial dot products are summed
-  // over `dots_comm` first, so every tensor still gets the coefficients of
-  // the whole tensor. This is the cross-node step of the GPU Adasum (Note
-  // [GPU Adasum], ops/nccl_ops.h).
-  void ReduceShardInPlace(void* shard, DataType dtype, const std::vector<int64_t>& counts,
-                          int64_t lo, int64_t n);
-
-  // A negotiated (possibly fused) host allreduce with op Adasum: prescale,
-  // widen float16/bfloat16 to float32, reduce, narrow, postscale. A joined
-  // rank (null entry) contributes zeros, the identity of Adasum.
-  void Allreduce(const Response& r, std::vector<ExecUnit>& units);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes,
+                int peer) override;
+  bool shards() const override { return dots_comm_ != MPI_COMM_NULL; }
+  void SumOverShards(double* values, int n) override;
 
  private:
-  // Communicator rank of core rank `core` (Note [Adasum with any number of ranks]).
-  int CommRank(int core) const;
-  void Exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer);
-  // Sums dots_ over dots_comm_, then over the 2 * level core ranks that
-  // share this rank's group (level 0: over dots_comm_ only).
-  void SumOverGroup(int core, int level);
-  // Combines this rank's segment [lo, lo + n) of `mine` with `theirs` (the
-  // partner's copy of the same segment) for every tensor it intersects;
-  // `mine_left`: this rank's data is the left operand. `level` 0: the fold,
-  // no group beyond dots_comm_.
-  void CombineSegment(char* mine, const char* theirs, int64_t lo, int64_t n, bool mine_left,
-                      int core, int level, DataType dtype);
-
   MPI_Comm comm_;
   MPI_Comm dots_comm_;
   int rank_ = 0;
   int size_ = 1;
-  int core_size_ = 1;  // the largest power of two <= size_
-  int extra_ = 0;      // size_ - core_size_
-  std::vector<int64_t> offsets_;  // first element of each tensor in the buffer
-  std::vector<int64_t> counts_;
-  std::vector<AdasumDots> dots_;
-  std::vector<double> send_dots_, recv_dots_;
-  HostScratch recv_;
-  HostScratch work_;
+};
+
+// Runs Adasum on one communicator. Worker thread only; every rank of the
+// communicator must call the same reductions in the same order. Throws on
+// MPI failure.
+class AdasumMpi {
+ public:
+  // `dots_comm`: see Adasum::ReduceShardInPlace; MPI_COMM_NULL when every
+  // rank of `comm` holds whole vectors. Neither communicator is owned.
+  explicit AdasumMpi(MPI_Comm comm, MPI_Comm dots_comm = MPI_COMM_NULL)
+      : peers_(comm, dots_comm), adasum_(&peers_) {}
+
+  void ReduceInPlace(void* buf, DataType dtype, const std::vector<int64_t>& counts) {
+    adasum_.ReduceInPlace(buf, dtype, counts);
+  }
+  void ReduceShardInPlace(void* shard, DataType dtype, const std::vector<int64_t>& counts,
+                          int64_t lo, int64_t n) {
+    adasum_.ReduceShardInPlace(shard, dtype, counts, lo, n);
+  }
+  void Allreduce(const Response& r, std::vector<ExecUnit>& units) { adasum_.Allreduce(r, units); }
+
+ private:
+  MpiAdasumPeers peers_;
+  Adasum adasum_;  // after peers_: it uses them
 };
 
 }  // namespace hvdcompat
