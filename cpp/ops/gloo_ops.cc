@@ -6,6 +6,7 @@
 #include "ops/collective_layout.h"
 #include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
+#include "ops/host_reduce.h"
 #include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
 #include "gloo/allgatherv.h"
@@ -24,50 +25,6 @@ namespace {
 constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
 // Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here its own.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
-
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-
-template <typename T, ReduceOp O>
-void Combine(void* c, const void* a, const void* b, size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    if constexpr (O == ReduceOp::kMin) {
-      out[i] = y[i] < x[i] ? y[i] : x[i];
-    } else if constexpr (O == ReduceOp::kMax) {
-      out[i] = y[i] > x[i] ? y[i] : x[i];
-    } else if constexpr (O == ReduceOp::kProduct) {
-      out[i] = static_cast<T>(x[i] * y[i]);
-    } else {
-      out[i] = static_cast<T>(x[i] + y[i]);
-    }
-  }
-}
-
-template <typename T>
-ReduceFn ForOp(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kMin: return &Combine<T, ReduceOp::kMin>;
-    case ReduceOp::kMax: return &Combine<T, ReduceOp::kMax>;
-    case ReduceOp::kProduct: return &Combine<T, ReduceOp::kProduct>;
-    default: return &Combine<T, ReduceOp::kSum>;  // Sum and Average (scaled after)
-  }
-}
-
-ReduceFn ReduceFor(DataType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DataType::kUInt8:
-    case DataType::kBool: return ForOp<uint8_t>(op);  // as MPI_UINT8_T on the MPI path
-    case DataType::kInt8: return ForOp<int8_t>(op);
-    case DataType::kInt16: return ForOp<int16_t>(op);
-    case DataType::kInt32: return ForOp<int32_t>(op);
-    case DataType::kInt64: return ForOp<int64_t>(op);
-    case DataType::kFloat32: return ForOp<float>(op);
-    case DataType::kFloat64: return ForOp<double>(op);
-    default: throw InternalError("Gloo: no reduction for a 16-bit float (widen it first)");
-  }
-}
 
 // Gloo wants a pointer even for an empty buffer.
 char g_empty[8];
@@ -130,7 +87,7 @@ void GlooBackend::AllreduceElements(const void* in, void* out, int64_t count, Da
     case 4: set(static_cast<uint32_t*>(out)); break;
     default: set(static_cast<uint64_t*>(out)); break;
   }
-  o.setReduceFunction(ReduceFor(dtype, op));
+  o.setReduceFunction(HostReduceFor(dtype, op));
   o.setTag(kDataTag);
   gloo::allreduce(o);
 }
@@ -325,7 +282,7 @@ void GlooBackend::RingReduceScatter(char* buf, const ScatterLayout& layout, Data
                                       wsize);
   auto out = context_->createUnboundBuffer(buf, start[size_]);
   auto in = context_->createUnboundBuffer(incoming, std::max<size_t>(layout.largest * wsize, 1));
-  const ReduceFn reduce = ReduceFor(wire, op);
+  const HostReduceFn reduce = HostReduceFor(wire, op);
   const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, kDataTag);
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
   auto block = [&](int k) { return ((rank_ - k) % size_ + size_) % size_; };

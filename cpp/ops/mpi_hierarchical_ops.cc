@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "core/logging.h"
+#include "ops/node_layout.h"
 #include "transport/mpi_util.h"
 
 namespace hvdcompat {
@@ -35,36 +35,11 @@ MpiHierarchy::MpiHierarchy(MPI_Comm comm, const Config& config) : comm_(comm) {
   int facts[3] = {split_.local_size, -split_.local_size,
                   rank_ == split_.cross_rank * split_.local_size + split_.local_rank ? 1 : 0};
   HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, facts, 3, MPI_INT, MPI_MIN, comm_));
-  const bool homogeneous = facts[0] == -facts[1];
-  const bool consecutive = homogeneous && facts[2] == 1;
-  const bool layered = split_.local_size > 1 && split_.cross_size > 1;
-  allreduce_ = config.hierarchical_allreduce && homogeneous && layered;
-  allgather_ = config.hierarchical_allgather && consecutive && layered;
-
-  if (rank_ != 0) return;
-  auto why = [&](bool wanted_consecutive) -> std::string {
-    if (!homogeneous) {
-      return "nodes run different numbers of ranks (" + std::to_string(facts[0]) + " to " +
-             std::to_string(-facts[1]) + ")";
-    }
-    if (!layered) {
-      return split_.local_size == 1 ? "one rank per node" : "one node";
-    }
-    if (wanted_consecutive && !consecutive) return "nodes are not made of consecutive ranks";
-    return "";
-  };
-  if (config.hierarchical_allreduce && !allreduce_) {
-    HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLREDUCE: using the flat allreduce on host "
-                      "tensors (" << why(false) << ")";
-  }
-  if (config.hierarchical_allgather && !allgather_) {
-    HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLGATHER: using the flat allgather ("
-                   << why(true) << ")";
-  }
-  if (allreduce_ || allgather_) {
-    HVD_LOG(kDebug) << "hierarchical host collectives: " << split_.cross_size << " nodes x "
-                    << split_.local_size << " ranks";
-  }
+  const HierarchyChoice choice =
+      ChooseHierarchy(config, split_.local_size, split_.cross_size, facts[0], -facts[1],
+                      facts[2] == 1, rank_ == 0);
+  allreduce_ = choice.allreduce;
+  allgather_ = choice.allgather;
 }
 
 MpiHierarchy::~MpiHierarchy() {

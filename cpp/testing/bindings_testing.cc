@@ -17,6 +17,7 @@
 #include "negotiation/controller.h"
 #include "ops/collective_layout.h"
 #include "ops/cpu_kernels.h"
+#include "ops/node_layout.h"
 #include "testing/fake_transport.h"
 #include "negotiation/fusion.h"
 #include "core/half.h"
@@ -337,6 +338,23 @@ void RegisterLayoutTesting(py::module_& m) {
       },
       py::arg("rows"), py::arg("row_sizes"), py::arg("size"),
       "The backends' reducescatter layout (ops/collective_layout.h).");
+  m.def(
+      "group_by_node",
+      [](const std::vector<std::string>& nodes, int rank) {
+        const NodeGroups g = GroupByNode(nodes, rank);
+        py::dict d;
+        d["local"] = g.local;
+        d["cross"] = g.cross;
+        d["local_rank"] = g.local_rank;
+        d["cross_rank"] = g.cross_rank;
+        d["min_local"] = g.min_local;
+        d["max_local"] = g.max_local;
+        d["consecutive"] = g.consecutive;
+        return d;
+      },
+      py::arg("nodes"), py::arg("rank"),
+      "Rank `rank`'s node and cross groups when rank r runs on node nodes[r] "
+      "(ops/node_layout.h).");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 """The one allgather/reducescatter layout every backend follows
-(cpp/ops/collective_layout.h), checked against a reference that moves data."""
+(cpp/ops/collective_layout.h), checked against a reference that moves data, and
+the node groups of the hierarchical collectives (cpp/ops/node_layout.h)."""
 
 import random
 
@@ -112,3 +113,25 @@ def test_equal_calls_cover_the_payload_without_a_short_tail(count, max_bytes, es
         assert step - (count - (calls - 1) * step) < calls  # ...and at most `calls` short
     # 24 MiB of floats under a 16 MiB limit: two calls of 12 MiB, not 16 + 8.
     assert T.equal_call_elements(6 << 20, 16 << 20, 4) == 3 << 20
+
+
+@pytest.mark.parametrize("nodes, groups, consecutive", [
+    # Two hosts of two, consecutive (mpirun's -npernode 2, hvdcompatrun -H a:2,b:2).
+    ("aabb", [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]), ([2, 3], [1, 3])], True),
+    # Round-robin placement: the same groups by host, but node blocks are not contiguous.
+    ("abab", [([0, 2], [0, 1]), ([1, 3], [0, 1]), ([0, 2], [2, 3]), ([1, 3], [2, 3])], False),
+    # Uneven: 2 + 1 (no hierarchy: min_local 1 != max_local 2).
+    ("aab", [([0, 1], [0, 2]), ([0, 1], [1]), ([2], [0, 2])], False),
+    # One node.
+    ("aaa", [([0, 1, 2], [0]), ([0, 1, 2], [1]), ([0, 1, 2], [2])], True),
+])
+def test_node_groups_follow_the_hosts_in_rank_order(nodes, groups, consecutive):
+    # The hierarchical collectives' node (same host) and cross (same index in
+    # the node) groups on the Gloo controller (ops/node_layout.h).
+    sizes = [nodes.count(h) for h in nodes]
+    for rank, (local, cross) in enumerate(groups):
+        g = T.group_by_node(list(nodes), rank)
+        assert (g["local"], g["cross"]) == (local, cross), (nodes, rank, g)
+        assert g["local"][g["local_rank"]] == rank and g["cross"][g["cross_rank"]] == rank
+        assert (g["min_local"], g["max_local"]) == (min(sizes), max(sizes))
+        assert g["consecutive"] == consecutive, (nodes, g)
