@@ -47,11 +47,11 @@ GROUPS = {
 }
 # The same files on the Gloo controller (hvdcompatrun --gloo, no MPI at all):
 # every file but those about MPI itself (mpi4py communicators, the MPI launch's
-# variables, the MPI-only plans: Adasum, hierarchical and network allreduce),
+# variables, the MPI-only plans: hierarchical and network allreduce),
 # test_errors.py (its stall test expects the MPI controller's message; Gloo's
 # stall handling is tests/gloo/test_gloo_engine.py's), the DDP files (their own
 # process groups) and the soak. The slow lifecycle files run at 2 ranks only.
-MPI_ONLY = {"test_adasum.py", "test_hierarchical.py", "test_network_plan.py", "test_topology.py",
+MPI_ONLY = {"test_hierarchical.py", "test_network_plan.py", "test_topology.py",
             "test_process_sets.py", "test_errors.py", "test_ddp_backend.py", "test_ddp_hooks.py",
             "test_soak.py", "test_fuzz_collectives.py"}
 # (Not under MPICH's smoke run: the Gloo controller does not depend on the MPI.)
@@ -60,9 +60,8 @@ if flavor() != "mpich":
     GROUPS["gloo-dynamic"] = list(GROUPS["dynamic"])
 GLOO_ONE_COUNT = {"test_lifecycle.py": 2, "test_shutdown_race.py": 2, "test_autotune.py": 2,
                   "test_output_pool.py": 2}
-GLOO_DESELECT = ["tests/parallel/test_allreduce.py::test_adasum_runs_in_every_form",
-                 # mpi4py communicators, and plain MPI messages between the ranks:
-                 "tests/parallel/test_process_sets.py::test_a_communicator_set_on_one_rank_only",
+# mpi4py communicators, and plain MPI messages between the ranks:
+GLOO_DESELECT = ["tests/parallel/test_process_sets.py::test_a_communicator_set_on_one_rank_only",
                  "tests/parallel/test_process_sets.py::test_static_sets_from_mpi_communicators",
                  "tests/parallel/test_process_sets.py::test_a_set_runs_while_the_global_set_waits"]
 _ONLY = [n for n in os.environ.get("HVDCOMPAT_TEST_PARALLEL_FILES", "").split(",") if n]

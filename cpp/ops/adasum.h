@@ -55,8 +55,10 @@ namespace hvdcompat {
 // are known to both), and, for the GPU path's shards, a sum of a few
 // doubles over the ranks holding the other shards. AdasumPeers is that
 // interface; the MPI controller implements it with MPI_Sendrecv
-// (ops/adasum_mpi.h). Another transport that implements it runs the same
-// code in the same order, and so returns the same bits.
+// (ops/adasum_mpi.h), the Gloo controller with Gloo's point-to-point
+// messages (ops/gloo_peers.h). Every rank runs the same code in the same
+// order on either, so an MPI job and a Gloo job given the same inputs
+// return the same bits.
 
 // The tensors of one Adasum response in order: where each one's input and
 // output live (both null on a joined rank, whose tensors are zeros, Adasum's

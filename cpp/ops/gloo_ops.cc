@@ -3,9 +3,11 @@
 #include <cstring>
 
 #include "core/checked_math.h"
+#include "ops/adasum.h"
 #include "ops/collective_layout.h"
 #include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
+#include "ops/gloo_peers.h"
 #include "ops/host_reduce.h"
 #include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
@@ -23,8 +25,10 @@ namespace hvdcompat {
 namespace {
 
 constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
-// Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here its own.
+// Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here and
+// Adasum their own.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kAdasumSlotPrefix = 0x41;
 
 // Gloo wants a pointer even for an empty buffer.
 char g_empty[8];
@@ -36,7 +40,10 @@ P* NonNull(P* p) {
 }  // namespace
 
 GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config)
-    : context_(std::move(context)), rank_(context_->rank), size_(context_->size) {}
+    : context_(std::move(context)), rank_(context_->rank), size_(context_->size) {
+  adasum_peers_ = std::make_unique<GlooAdasumPeers>(context_, kAdasumSlotPrefix);
+  adasum_ = std::make_unique<Adasum>(adasum_peers_.get());
+}
 
 GlooBackend::~GlooBackend() = default;
 
@@ -94,11 +101,7 @@ void GlooBackend::AllreduceElements(const void* in, void* out, int64_t count, Da
 
 void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
   if (r.reduce_op == ReduceOp::kAdasum) {
-    throw InvalidArgument(
-        "allreduce '" + (units.empty() ? std::string() : units[0].unit->name) +
-        "' with op=Adasum on rank " + std::to_string(rank_) +
-        ": Adasum runs on the MPI controller only; launch with mpirun/hvdcompatrun (without "
-        "--gloo) or use op=Average");
+    return Timed("GLOO_ADASUM_ALLREDUCE", [&] { adasum_->Allreduce(r, units); });
   }
   const size_t esize = DataTypeSize(r.dtype);
   const DataType wire = HostReduceType(r.dtype);

@@ -5,8 +5,9 @@
 // unpacking, as on MPI). A single tensor of another type is reduced from its
 // input straight into its output; fused tensors are packed into one buffer
 // and reduced in one call. Reducescatter packs every rank's block rank-major
-// and reduces it in a ring, each rank ending with its own block. Adasum is
-// MPI-only.
+// and reduces it in a ring, each rank ending with its own block. Adasum runs
+// the shared algorithm over Gloo's point-to-point messages (Note [Adasum
+// peers]).
 #pragma once
 
 #include <chrono>
@@ -22,6 +23,9 @@ class Context;
 }
 
 namespace hvdcompat {
+
+class Adasum;
+class GlooAdasumPeers;
 
 class GlooBackend : public CollectiveBackend {
  public:
@@ -56,6 +60,8 @@ class GlooBackend : public CollectiveBackend {
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
+  std::unique_ptr<GlooAdasumPeers> adasum_peers_;  // op Adasum (Note [Adasum peers])
+  std::unique_ptr<Adasum> adasum_;
 };
 
 }  // namespace hvdcompat

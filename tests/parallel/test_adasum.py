@@ -8,6 +8,7 @@ is checked against arithmetic it did not do.
 """
 
 import contextlib
+import hashlib
 import math
 import os
 import sys
@@ -175,6 +176,25 @@ def test_sync_async_and_in_place_forms_agree():
     t = mine.clone()
     hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Adasum, name="ad.f.async_"))
     _assert_close(t, expected, "async in place")
+
+
+def test_results_are_the_same_bits_on_either_controller():
+    # One algorithm over either transport (Note [Adasum peers]): the digest of
+    # these results is the same under mpirun and hvdcompatrun --gloo, which
+    # tests/test_adasum_ranks.py checks across two launches.
+    digest = hashlib.sha256()
+    for dtype in FLOAT_DTYPES:
+        shapes = [(1000,), (3, 7), (129,)]
+        xss = [_inputs(s, dtype, ("ad.bits", dtype_id(dtype), s)) for s in shapes]
+        outs = [hvd.allreduce(xs[hvd.rank()], op=hvd.Adasum,
+                              name=f"ad.bits.{dtype_id(dtype)}.{i}")
+                for i, xs in enumerate(xss)]
+        outs += hvd.grouped_allreduce([xs[hvd.rank()] for xs in xss], op=hvd.Adasum,
+                                      name=f"ad.bits.grp.{dtype_id(dtype)}")
+        for out, xs in zip(outs, xss + xss):
+            _assert_close(out, _reference(xs, dtype), f"{dtype} {tuple(xs[0].shape)}")
+            digest.update(out.contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    print(f"ADASUM-BITS rank {hvd.rank()} of {hvd.size()}: {digest.hexdigest()}")
 
 
 # ----- fusion: coefficients per tensor -----------------------------------------------------
