@@ -1,26 +1,35 @@
-"""Runs tests/parallel/test_hierarchical.py and test_network_plan.py on 4 ranks: two pseudo-nodes of two.
+"""Runs tests/parallel/test_hierarchical.py on 4 ranks, two pseudo-nodes of two, on both controllers.
 
-tests/test_parallel.py runs the same files on 2 and 3 ranks, where no even
+tests/test_parallel.py runs the same file on 2 and 3 ranks, where no even
 multi-node layout exists and the engine must fall back to the flat path; on
 4 ranks with HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE=2 the three-step collectives
-run (the files assert which path ran from the engine's counters), and the
-network plan's pipelined segments take the hierarchical steps. Both files
-share one launch.
+run (the file asserts which path ran from the engine's counters). On MPI the
+launch also runs test_network_plan.py, whose pipelined segments take the
+hierarchical steps there; the Gloo controller has no network plan.
 """
 
 import os
 import sys
 
-from harness import run_ranks
+import pytest
+
+from harness import flavor, run_ranks
 
 TIMEOUT = int(os.environ.get("HVDCOMPAT_TEST_TIMEOUT", "300"))
-FILES = [os.path.join("tests", "parallel", name)
-         for name in ("test_hierarchical.py", "test_network_plan.py")]
+FILES = {"mpi": ["test_hierarchical.py", "test_network_plan.py"],
+         "gloo": ["test_hierarchical.py"]}
+# (The Gloo controller is not part of MPICH's smoke run.)
+CONTROLLERS = ["mpi"] + (["gloo"] if flavor() != "mpich" else [])
 
 
-def test_hierarchical_collectives_on_two_pseudo_nodes_of_two():
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_hierarchical_collectives_on_two_pseudo_nodes_of_two(controller):
+    files = [os.path.join("tests", "parallel", name) for name in FILES[controller]]
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    if controller == "gloo":
+        env["HVDCOMPAT_TEST_CONTROLLER"] = "gloo"  # the rank plugin checks it
     result = run_ranks(4, [sys.executable, "-m", "pytest", "-x", "-q", "-s", "--color=no",
-                           "-p", "no:cacheprovider", "-p", "rankplugin", *FILES],
-                       timeout=TIMEOUT, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-                       what=" ".join(FILES))
+                           "-p", "no:cacheprovider", "-p", "rankplugin", *files],
+                       timeout=TIMEOUT * len(files), env=env, controller=controller,
+                       what=f"{' '.join(files)} ({controller})")
     assert "passed" in result.output, result.output

@@ -47,13 +47,14 @@ GROUPS = {
 }
 # The same files on the Gloo controller (hvdcompatrun --gloo, no MPI at all):
 # every file but those about MPI itself (mpi4py communicators, the MPI launch's
-# variables, the MPI-only plans: hierarchical and network allreduce),
-# test_errors.py (its stall test expects the MPI controller's message; Gloo's
-# stall handling is tests/gloo/test_gloo_engine.py's), the DDP files (their own
-# process groups) and the soak. The slow lifecycle files run at 2 ranks only.
-MPI_ONLY = {"test_hierarchical.py", "test_network_plan.py", "test_topology.py",
-            "test_process_sets.py", "test_errors.py", "test_ddp_backend.py", "test_ddp_hooks.py",
-            "test_soak.py", "test_fuzz_collectives.py"}
+# variables, the MPI network plan), test_errors.py (its stall test expects the
+# MPI controller's message; Gloo's stall handling is tests/gloo/test_gloo_engine.py's),
+# the DDP files (their own process groups) and the soak. The slow lifecycle files
+# run at 2 ranks only. (test_hierarchical.py's even layouts need 4 ranks:
+# tests/test_hierarchical.py runs them on both controllers.)
+MPI_ONLY = {"test_network_plan.py", "test_topology.py", "test_process_sets.py", "test_errors.py",
+            "test_ddp_backend.py", "test_ddp_hooks.py", "test_soak.py",
+            "test_fuzz_collectives.py"}
 # (Not under MPICH's smoke run: the Gloo controller does not depend on the MPI.)
 if flavor() != "mpich":
     GROUPS["gloo"] = [name for name in GROUPS["default"] if name not in MPI_ONLY]

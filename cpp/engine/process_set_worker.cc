@@ -115,7 +115,7 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_->rank();
   if (gloo_) {
-    backends_.push_back(std::make_unique<GlooBackend>(gloo_, config_));
+    backends_.push_back(std::make_unique<GlooBackend>(gloo_, config_, global_ranks_, stats_));
   } else {
     mpi_transport_ = static_cast<MpiTransport*>(transport_.get());
     AddGpuBackends(&backends_, comm_, mpi_ops, config_, gpu);

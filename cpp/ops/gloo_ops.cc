@@ -7,6 +7,7 @@
 #include "ops/collective_layout.h"
 #include "ops/gather_blocks.h"
 #include "ops/cpu_kernels.h"
+#include "ops/gloo_hierarchical_ops.h"
 #include "ops/gloo_peers.h"
 #include "ops/host_reduce.h"
 #include "ops/scatter_blocks.h"
@@ -25,8 +26,8 @@ namespace hvdcompat {
 namespace {
 
 constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
-// Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here and
-// Adasum their own.
+// Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here its own,
+// Adasum and the hierarchical steps (ops/gloo_hierarchical_ops.cc: 0x42) theirs.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kAdasumSlotPrefix = 0x41;
 
@@ -39,10 +40,14 @@ P* NonNull(P* p) {
 
 }  // namespace
 
-GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config)
-    : context_(std::move(context)), rank_(context_->rank), size_(context_->size) {
+GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config,
+                         const std::vector<int>& global_ranks, EngineStats* stats)
+    : context_(std::move(context)), rank_(context_->rank), size_(context_->size), stats_(stats) {
   adasum_peers_ = std::make_unique<GlooAdasumPeers>(context_, kAdasumSlotPrefix);
   adasum_ = std::make_unique<Adasum>(adasum_peers_.get());
+  if (config.hierarchical_allreduce || config.hierarchical_allgather) {
+    hierarchy_ = std::make_unique<GlooHierarchy>(context_, global_ranks, config);
+  }
 }
 
 GlooBackend::~GlooBackend() = default;
@@ -78,6 +83,14 @@ void GlooBackend::AllreduceElements(const void* in, void* out, int64_t count, Da
                                     ReduceOp op) {
   if (count == 0 || size_ == 1) {
     if (in != out && count > 0) std::memcpy(out, in, count * DataTypeSize(dtype));
+    return;
+  }
+  // By size alone, as on MPI: a joined rank reduces in place while the others
+  // read their inputs, and every rank must take the same steps.
+  if (hierarchy_ && hierarchy_->UseAllreduce(count)) {
+    if (in != out) std::memcpy(out, in, static_cast<size_t>(count) * DataTypeSize(dtype));
+    hierarchy_->Allreduce(out, count, dtype, op);
+    if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   gloo::AllreduceOptions o(context_);
@@ -180,6 +193,15 @@ void GlooBackend::AllgatherBytes(const void* send, void* recv,
   gloo::allgatherv(o);
 }
 
+void GlooBackend::GatherBlocks(const void* send, void* recv, const std::vector<int64_t>& counts) {
+  if (hierarchy_ && hierarchy_->UseAllgather()) {
+    hierarchy_->Allgatherv(send, recv, counts);
+    if (stats_) stats_->hierarchical_allgathers.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  AllgatherBytes(send, recv, counts);
+}
+
 void GlooBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const size_t esize = DataTypeSize(r.dtype);
   const GatherTensors t = CollectAllgather(units);
@@ -195,13 +217,13 @@ void GlooBackend::Allgather(const Response& r, std::vector<ExecUnit>& units) {
   const GatherLayout g = PlanAllgather(dims, row_bytes, size_);
   const std::vector<char*> outs = AllocateGatherOutputs(t, g, r.dtype);
   if (n == 1) {
-    AllgatherBytes(t.inputs[0]->data, outs[0], g.rank_counts);
+    GatherBlocks(t.inputs[0]->data, outs[0], g.rank_counts);
     return;
   }
   char* send = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(g.rank_counts[rank_], 1)));
   PackOwnBlock(send, t, g, rank_);
   char* recv = scratch_b_.Reserve(static_cast<size_t>(std::max<int64_t>(g.total, 1)));
-  AllgatherBytes(send, recv, g.rank_counts);
+  GatherBlocks(send, recv, g.rank_counts);
   UnpackGathered(recv, g, outs);
 }
 

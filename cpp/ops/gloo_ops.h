@@ -7,12 +7,14 @@
 // and reduced in one call. Reducescatter packs every rank's block rank-major
 // and reduces it in a ring, each rank ending with its own block. Adasum runs
 // the shared algorithm over Gloo's point-to-point messages (Note [Adasum
-// peers]).
+// peers]); the hierarchical knobs take the node-aware steps of Note
+// [Hierarchical collectives on Gloo].
 #pragma once
 
 #include <chrono>
 #include <memory>
 
+#include "core/engine_stats.h"
 #include "core/env.h"
 #include "negotiation/fusion.h"
 #include "ops/collective_layout.h"
@@ -26,10 +28,14 @@ namespace hvdcompat {
 
 class Adasum;
 class GlooAdasumPeers;
+class GlooHierarchy;
 
 class GlooBackend : public CollectiveBackend {
  public:
-  GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config);
+  // `global_ranks`: the set's members (their hosts make the nodes of the
+  // hierarchical steps); `stats` (may be null) counts the node-aware calls.
+  GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config,
+              const std::vector<int>& global_ranks, EngineStats* stats = nullptr);
   ~GlooBackend() override;
 
   const char* name() const override { return "Gloo"; }
@@ -51,6 +57,8 @@ class GlooBackend : public CollectiveBackend {
   void RingReduceScatter(char* buf, const ScatterLayout& layout, DataType wire, ReduceOp op);
   // Every rank's `counts[rk]` bytes at `send` into `recv`, by rank.
   void AllgatherBytes(const void* send, void* recv, const std::vector<int64_t>& counts);
+  // The same for an allgather's data, node-aware when HOROVOD_HIERARCHICAL_ALLGATHER applies.
+  void GatherBlocks(const void* send, void* recv, const std::vector<int64_t>& counts);
   // Labels a failure with the op and this rank.
   [[noreturn]] void Fail(const char* what, const std::exception& e) const;
 
@@ -62,6 +70,9 @@ class GlooBackend : public CollectiveBackend {
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
   std::unique_ptr<GlooAdasumPeers> adasum_peers_;  // op Adasum (Note [Adasum peers])
   std::unique_ptr<Adasum> adasum_;
+  // Node-aware steps; only with a hierarchical knob set.
+  std::unique_ptr<GlooHierarchy> hierarchy_;
+  EngineStats* stats_;
 };
 
 }  // namespace hvdcompat

@@ -1,6 +1,7 @@
 // Point-to-point messages between the members of one Gloo context, for the
 // algorithms the engine runs itself on the Gloo controller: Adasum (Note
-// [Adasum peers], ops/adasum.h).
+// [Adasum peers], ops/adasum.h) and the hierarchical steps (Note
+// [Hierarchical collectives on Gloo], ops/gloo_hierarchical_ops.h).
 #pragma once
 
 #include <cstdint>

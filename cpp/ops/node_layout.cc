@@ -40,6 +40,22 @@ NodeGroups GroupByNode(const std::vector<std::string>& nodes, int rank) {
   return g;
 }
 
+std::vector<std::string> NodeLabels(const std::vector<int>& global_ranks,
+                                    const std::vector<std::string>& hosts, int64_t per_node) {
+  std::vector<std::string> labels(global_ranks.size());
+  for (size_t r = 0; r < global_ranks.size(); ++r) {
+    const int g = global_ranks[r];
+    if (per_node > 0) {
+      labels[r] = std::to_string(static_cast<int64_t>(r) / per_node);
+    } else {
+      // Unknown hosts: a node of its own (the hierarchy then does not apply).
+      labels[r] = g >= 0 && g < static_cast<int>(hosts.size()) ? "host " + hosts[g]
+                                                               : "rank " + std::to_string(g);
+    }
+  }
+  return labels;
+}
+
 HierarchyChoice ChooseHierarchy(const Config& config, int local_size, int cross_size,
                                 int min_local, int max_local, bool consecutive, bool log) {
   const bool homogeneous = min_local == max_local;

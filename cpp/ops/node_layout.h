@@ -26,6 +26,12 @@ struct NodeGroups {
 // host name). Nodes are numbered in the order their first rank appears.
 NodeGroups GroupByNode(const std::vector<std::string>& nodes, int rank);
 
+// The node label of every rank of a set for the Gloo controller: its host
+// name (`hosts`, indexed by global rank), or with
+// HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE=K, r / K for set rank r.
+std::vector<std::string> NodeLabels(const std::vector<int>& global_ranks,
+                                    const std::vector<std::string>& hosts, int64_t per_node);
+
 struct HierarchyChoice {
   bool allreduce = false;
   bool allgather = false;

@@ -6,7 +6,9 @@ The three-step path runs when the pseudo-nodes are even and both levels have
 more than one rank (4 ranks with K=2); otherwise (2 or 3 ranks, K=3 on 4
 ranks) the engine must fall back to the flat collectives. The engine's
 counters show which path ran; the results are checked against references
-computed here from every rank's input.
+computed here from every rank's input. Without the knob, nodes are the
+launch's hosts (one here; two under tests/cluster's 2 x 2 launches). The file
+runs on both controllers.
 """
 
 import pytest
@@ -133,3 +135,23 @@ def test_joined_rank_contributes_zeros_and_identities(dtype):
                 assert_same(hvd.synchronize(hs[name]), expected, exact=_exact(dtype, op),
                             what=f"{name} with rank {first} joined")
             hvd.join()
+
+
+def test_nodes_are_the_launch_hosts_without_the_testing_knob():
+    # Nodes are the ranks sharing a host (MPI: shared memory; Gloo: the host
+    # names): the steps run exactly where the job spans several hosts with the
+    # same number of ranks each (consecutive, as launches place them).
+    n = hvd.size()
+    with engine(hierarchical_allreduce=1, hierarchical_allgather=1, hierarchical_local_size=0):
+        xs = all_inputs((9,), torch.int32, "hier.hosts")
+        assert_same(hvd.allreduce(xs[hvd.rank()], op=hvd.Sum, name="hier.hosts.ar"),
+                    expected_reduce(xs, torch.int32, hvd.Sum), what="allreduce by host")
+        parts = [rank_input(r, (r + 1, 2), torch.float64, "hier.hosts.ag") for r in range(n)]
+        assert_same(hvd.allgather(parts[hvd.rank()], name="hier.hosts.ag"), torch.cat(parts),
+                    what="allgather by host")
+        allreduces, allgathers = _counters()
+    layered = hvd.local_size() > 1 and hvd.cross_size() > 1 and hvd.is_homogeneous()
+    assert (allreduces > 0, allgathers > 0) == (layered, layered), (
+        f"rank {hvd.rank()}: local size {hvd.local_size()}, cross size {hvd.cross_size()}, "
+        f"homogeneous {hvd.is_homogeneous()}: {allreduces} hierarchical allreduces, "
+        f"{allgathers} allgathers")
