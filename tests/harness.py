@@ -174,7 +174,8 @@ def run_ranks(np, argv, timeout, env=None, mpi_args=(), check=True, what=None,
         argv: the command each rank runs, e.g. [sys.executable, "script.py"].
         timeout: seconds before every rank is stopped and the launch fails.
         env: extra environment variables for every rank.
-        mpi_args: extra mpirun arguments.
+        mpi_args: extra mpirun arguments (with controller "gloo": extra hvdcompatrun
+            arguments, e.g. ``-H``).
         check: raise AssertionError (with every rank's output) on a non-zero
             exit or a timeout.
         what: label used in failure messages.
@@ -207,7 +208,8 @@ def _launch(np, argv, timeout, env, mpi_args, controller="mpi"):
     full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
     if controller == "gloo":
         # No MPI launcher: hvdcompatrun --gloo starts the ranks and serves the store.
-        cmd = [sys.executable, "-m", "hvdcompat.runner.launch", "--gloo", "-np", str(np), *argv]
+        cmd = [sys.executable, "-m", "hvdcompat.runner.launch", "--gloo", "-np", str(np),
+               *mpi_args, *argv]
     elif flavor() == "mpich":
         # Hydra: no oversubscription flag (it never refuses). Its -prepend-rank tags
         # every write, not every line ("ERR[0]  [0] text" for one print), which

@@ -45,37 +45,47 @@ def _layout(per_node, fused):
     return engine(**knobs)
 
 
-def _counters():
+def _counters(since=(0, 0)):
+    """Hierarchical (allreduces, allgathers) of this engine, less `since`."""
     s = hvd.engine_stats()
-    return s["hierarchical_allreduces"], s["hierarchical_allgathers"]
+    return (s["hierarchical_allreduces"] - since[0], s["hierarchical_allgathers"] - since[1])
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
-@pytest.mark.parametrize("per_node", [2, 3])
-def test_allreduce_every_dtype_op_and_scale(per_node, fused):
+@pytest.fixture(scope="module", params=[(2, True), (2, False), (3, True), (3, False)],
+                ids=["2-fused", "2-unfused", "3-fused", "3-unfused"])
+def layout(request):
+    """(ranks per pseudo-node, engine config): one re-initialisation per layout, shared by
+    the tests that take it (pytest runs them one after the other)."""
+    per_node, fused = request.param
     with _layout(per_node, fused) as cfg:
-        assert cfg["hierarchical_allreduce"] and cfg["hierarchical_allgather"]
-        cases = []
-        for dtype in DTYPES:
-            for op_name, op in OPS.items():
-                lo, hi = (-2, 3) if op == hvd.Product else (-5, 6)
-                for shape in SHAPES:
-                    key = ("hier", op_name, dtype_id(dtype), shape)
-                    xs = all_inputs(shape, dtype, key, lo=lo, hi=hi)
-                    cases.append((f"{op_name} {dtype} {shape}", xs, dtype, op, 1.0, 1.0))
-            for op in (hvd.Sum, hvd.Average):
-                xs = all_inputs((5,), dtype, ("hier.scaled", dtype_id(dtype), op))
-                cases.append((f"scaled {op} {dtype}", xs, dtype, op, 0.5, 3.0))
-        for dtype in (torch.float32, torch.float16, torch.int64):
-            xs = all_inputs((LARGE,), dtype, ("hier.large", dtype_id(dtype)))
-            cases.append((f"large {dtype}", xs, dtype, hvd.Average, 1.0, 1.0))
-        handles = [hvd.allreduce_async(xs[hvd.rank()], op=op, prescale_factor=pre,
-                                       postscale_factor=post, name=f"hier.ar.{i}")
-                   for i, (_, xs, _, op, pre, post) in enumerate(cases)]
-        for (what, xs, dtype, op, pre, post), h in zip(cases, handles):
-            assert_same(hvd.synchronize(h), expected_reduce(xs, dtype, op, pre, post),
-                        exact=_exact(dtype, op), what=what)
-        allreduces, allgathers = _counters()
+        yield per_node, cfg
+
+
+def test_allreduce_every_dtype_op_and_scale(layout):
+    per_node, cfg = layout
+    before = _counters()
+    assert cfg["hierarchical_allreduce"] and cfg["hierarchical_allgather"]
+    cases = []
+    for dtype in DTYPES:
+        for op_name, op in OPS.items():
+            lo, hi = (-2, 3) if op == hvd.Product else (-5, 6)
+            for shape in SHAPES:
+                key = ("hier", op_name, dtype_id(dtype), shape)
+                xs = all_inputs(shape, dtype, key, lo=lo, hi=hi)
+                cases.append((f"{op_name} {dtype} {shape}", xs, dtype, op, 1.0, 1.0))
+        for op in (hvd.Sum, hvd.Average):
+            xs = all_inputs((5,), dtype, ("hier.scaled", dtype_id(dtype), op))
+            cases.append((f"scaled {op} {dtype}", xs, dtype, op, 0.5, 3.0))
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        xs = all_inputs((LARGE,), dtype, ("hier.large", dtype_id(dtype)))
+        cases.append((f"large {dtype}", xs, dtype, hvd.Average, 1.0, 1.0))
+    handles = [hvd.allreduce_async(xs[hvd.rank()], op=op, prescale_factor=pre,
+                                   postscale_factor=post, name=f"hier.ar.{i}")
+               for i, (_, xs, _, op, pre, post) in enumerate(cases)]
+    for (what, xs, dtype, op, pre, post), h in zip(cases, handles):
+        assert_same(hvd.synchronize(h), expected_reduce(xs, dtype, op, pre, post),
+                    exact=_exact(dtype, op), what=what)
+    allreduces, allgathers = _counters(before)
     if _hierarchical(per_node):
         assert allreduces > 0, "the hierarchical allreduce never ran on an even layout"
     else:
@@ -84,27 +94,26 @@ def test_allreduce_every_dtype_op_and_scale(per_node, fused):
     assert allgathers == 0
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
-@pytest.mark.parametrize("per_node", [2, 3])
-def test_allgather_uneven_rows_every_dtype(per_node, fused):
+def test_allgather_uneven_rows_every_dtype(layout):
+    per_node, _ = layout
     n = hvd.size()
-    with _layout(per_node, fused):
-        cases = []
-        for dtype in DTYPES + [torch.bool]:
-            for cols in ((), (3,)):
-                # Rank r holds r % 3 + 1 rows (rank 2 of 4 holds 3, rank 3 holds 1).
-                parts = [rank_input(r, (r % 3 + 1, *cols), dtype, ("hier.ag", dtype_id(dtype),
-                                                                    cols)) for r in range(n)]
-                cases.append((f"allgather {dtype} {cols}", parts))
-        handles = [hvd.allgather_async(parts[hvd.rank()], name=f"hier.ag.{i}")
-                   for i, (_, parts) in enumerate(cases)]
-        for (what, parts), h in zip(cases, handles):
-            assert_same(hvd.synchronize(h), torch.cat(parts), what=what)
-        # One tensor alone takes the unfused call even when fusion is on.
-        single = [rank_input(r, (r + 2, 2), torch.float32, "hier.ag.single") for r in range(n)]
-        assert_same(hvd.allgather(single[hvd.rank()], name="hier.ag.single"), torch.cat(single),
-                    what="single allgather")
-        allreduces, allgathers = _counters()
+    before = _counters()
+    cases = []
+    for dtype in DTYPES + [torch.bool]:
+        for cols in ((), (3,)):
+            # Rank r holds r % 3 + 1 rows (rank 2 of 4 holds 3, rank 3 holds 1).
+            parts = [rank_input(r, (r % 3 + 1, *cols), dtype, ("hier.ag", dtype_id(dtype),
+                                                                cols)) for r in range(n)]
+            cases.append((f"allgather {dtype} {cols}", parts))
+    handles = [hvd.allgather_async(parts[hvd.rank()], name=f"hier.ag.{i}")
+               for i, (_, parts) in enumerate(cases)]
+    for (what, parts), h in zip(cases, handles):
+        assert_same(hvd.synchronize(h), torch.cat(parts), what=what)
+    # One tensor alone takes the unfused call even when fusion is on.
+    single = [rank_input(r, (r + 2, 2), torch.float32, "hier.ag.single") for r in range(n)]
+    assert_same(hvd.allgather(single[hvd.rank()], name="hier.ag.single"), torch.cat(single),
+                what="single allgather")
+    allreduces, allgathers = _counters(before)
     if _hierarchical(per_node):
         assert allgathers > 0, "the hierarchical allgather never ran on an even layout"
     else:
@@ -112,29 +121,28 @@ def test_allgather_uneven_rows_every_dtype(per_node, fused):
     del allreduces  # negotiation of the rows is not an allreduce of ours
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32],
-                         ids=dtype_id)
-def test_joined_rank_contributes_zeros_and_identities(dtype):
+def test_joined_rank_contributes_zeros_and_identities():
     n = hvd.size()
     with _layout(2, True):
-        for first in range(n):
-            xs = all_inputs((6,), dtype, ("hier.join", dtype_id(dtype), first), lo=1, hi=4)
-            zeroed = [x if r != first else torch.zeros_like(x) for r, x in enumerate(xs)]
-            others = [x for r, x in enumerate(xs) if r != first]
-            if hvd.rank() == first:
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for first in range(n):
+                xs = all_inputs((6,), dtype, ("hier.join", dtype_id(dtype), first), lo=1, hi=4)
+                zeroed = [x if r != first else torch.zeros_like(x) for r, x in enumerate(xs)]
+                others = [x for r, x in enumerate(xs) if r != first]
+                if hvd.rank() == first:
+                    hvd.join()
+                    continue
+                hs = {name: hvd.allreduce_async(
+                          xs[hvd.rank()], op=op, name=f"hier.join.{name}.{dtype_id(dtype)}.{first}")
+                      for name, op in OPS.items()}
+                for name, op in OPS.items():
+                    if op in (hvd.Sum, hvd.Average):
+                        expected = expected_reduce(zeroed, dtype, op, size=n)
+                    else:
+                        expected = expected_reduce(others, dtype, op)
+                    assert_same(hvd.synchronize(hs[name]), expected, exact=_exact(dtype, op),
+                                what=f"{name} {dtype} with rank {first} joined")
                 hvd.join()
-                continue
-            hs = {name: hvd.allreduce_async(xs[hvd.rank()], op=op,
-                                            name=f"hier.join.{name}.{dtype_id(dtype)}.{first}")
-                  for name, op in OPS.items()}
-            for name, op in OPS.items():
-                if op in (hvd.Sum, hvd.Average):
-                    expected = expected_reduce(zeroed, dtype, op, size=n)
-                else:
-                    expected = expected_reduce(others, dtype, op)
-                assert_same(hvd.synchronize(hs[name]), expected, exact=_exact(dtype, op),
-                            what=f"{name} with rank {first} joined")
-            hvd.join()
 
 
 def test_nodes_are_the_launch_hosts_without_the_testing_knob():
@@ -151,6 +159,9 @@ def test_nodes_are_the_launch_hosts_without_the_testing_knob():
                     what="allgather by host")
         allreduces, allgathers = _counters()
     layered = hvd.local_size() > 1 and hvd.cross_size() > 1 and hvd.is_homogeneous()
+    # tests/test_hierarchical.py checks this line where its launch gives two hosts.
+    print(f"HIER-HOSTS rank {hvd.rank()}: {hvd.cross_size()} x {hvd.local_size()}, "
+          f"{allreduces} allreduces, {allgathers} allgathers by host")
     assert (allreduces > 0, allgathers > 0) == (layered, layered), (
         f"rank {hvd.rank()}: local size {hvd.local_size()}, cross size {hvd.cross_size()}, "
         f"homogeneous {hvd.is_homogeneous()}: {allreduces} hierarchical allreduces, "
