@@ -44,8 +44,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Parallel NCCL streams/communicators for GPU collectives."},
       {Knob::kHierarchicalAllreduce, "HIERARCHICAL_ALLREDUCE", true, "0", "bool",
        "Allreduce as intra-node reduce-scatter, inter-node allreduce, intra-node allgather "
-       "(host tensors over MPI, CUDA tensors over NCCL). Unset: host tensors take it when the "
-       "ranks span hosts with the same number (> 1) on each (HVDCOMPAT_LINK_PLAN)."},
+       "(host tensors over MPI or Gloo, CUDA tensors over NCCL). Unset: on MPI, host tensors "
+       "take it when the ranks span hosts with the same number (> 1) on each "
+       "(HVDCOMPAT_LINK_PLAN)."},
       {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
        "Backend for CUDA tensors; MPI stages through host memory."},
       {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
