@@ -124,7 +124,8 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Wire dtype of the DDP comm hook's gradient allreduce."},
       {Knob::kDdpRoute, "DDP_ROUTE", false, "auto", "auto|engine|process_group",
        "Where the DDP comm hook reduces buckets: hvdcompat's engine, or the script's own "
-       "process group (auto: the engine under an MPI launcher)."},
+       "process group (auto: the engine when its world is DDP's group: under an MPI launcher, "
+       "or torchrun / hvdcompatrun --gloo with the Gloo controller)."},
       {Knob::kDdpFusionThreshold, "DDP_FUSION_THRESHOLD", false, "0", "bytes",
        "DDP comm hook, process-group route: pack consecutive buckets into one op up to this size "
        "(0: off, which keeps backward and communication overlapped)."},
@@ -135,6 +136,10 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kGlooTimeoutSeconds, "GLOO_TIMEOUT_SECONDS", true, "30", "s",
        "Gloo controller: seconds a rank waits for the launch's store and its peers "
        "(hvdcompatrun --gloo passes it to the ranks; --gloo-timeout-seconds)."},
+      {Knob::kGlooPeerTimeoutSeconds, "GLOO_PEER_TIMEOUT_SECONDS", false, "20", "s",
+       "Gloo controller: a peer none of whose connections has answered for this long (its "
+       "host went down or dropped off the network) is lost, and pending collectives fail "
+       "naming it; a busy or stopped process still answers (0: never)."},
       {Knob::kMpirun, "MPIRUN", false, "", "path",
        "The mpirun hvdcompatrun and hvdcompat.run start (default: the one beside the MPI "
        "hvdcompat was built with, then PATH)."},

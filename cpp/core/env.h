@@ -66,6 +66,7 @@ enum class Knob : int {
   kMpirun,
   kController,
   kReportFd,
+  kGlooPeerTimeoutSeconds,
   kCount,
 };
 

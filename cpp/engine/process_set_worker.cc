@@ -337,8 +337,7 @@ std::string ProcessSetWorker::DescribeFailure(const std::exception& e) const {
   if (ce && !ce->failed_ranks().empty()) {
     const std::vector<int> lost = GlobalRanks(ce->failed_ranks());
     os << "rank(s) " << JoinInts(lost) << DescribeHosts(lost, config_.rank_hosts, global_ranks_[rank_])
-       << " failed (the process exited, was killed, or lost its "
-       << "connection)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
+       << " failed (the process exited or was killed, or its host stopped answering)" << (id_ ? " in process set " + std::to_string(id_) : std::string())
        << "; collectives cannot complete without it. Look for that rank's own error first; "
        << (gloo_ ? "restart the job, or run training in hvd.elastic.run under hvdcompatrun "
                    "--gloo --min-np N to continue with the survivors from the last commit."

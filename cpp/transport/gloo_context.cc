@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/common.h"
+#include "core/env.h"
 #include "transport/control_transport.h"
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
@@ -117,6 +118,9 @@ GlooJob::GlooJob(const GlooOptions& options)
     throw InvalidArgument(who + ": the Gloo timeout must be positive (got " +
                           std::to_string(options_.timeout_s) + " s)");
   }
+  if (options_.peer_timeout_s < 0) {
+    options_.peer_timeout_s = KnobDouble(Knob::kGlooPeerTimeoutSeconds);
+  }
   gloo::transport::tcp::attr attr;
   if (!options_.iface.empty()) {
     attr.iface = options_.iface;
@@ -130,7 +134,8 @@ GlooJob::GlooJob(const GlooOptions& options)
   } catch (const std::exception& e) {
     throw LibraryError(who + ": Gloo could not open its TCP device on " + address_ + " (" +
                        e.what() + "); name a reachable interface with HOROVOD_GLOO_IFACE "
-                       "(hvdcompatrun --network-interfaces) or an address this host owns");
+                       "(hvdcompatrun --network-interfaces) or GLOO_SOCKET_IFNAME, or an "
+                       "address this host owns");
   }
   Join();
   topo_.rank = options_.rank;
@@ -214,13 +219,14 @@ void GlooJob::Join() {
                        std::to_string(size - 1) + " ranks (this rank bound to " + address_ +
                        ", rendezvous at " + where + "): " + e.what() +
                        ". Check that every host can reach the others' addresses (set "
-                       "HOROVOD_GLOO_IFACE to the interface they share) and that every rank "
-                       "is still running.");
+                       "HOROVOD_GLOO_IFACE or GLOO_SOCKET_IFNAME to the interface they share) "
+                       "and that every rank is still running.");
   }
   job_ = ctx;
   std::vector<int> all(size);
   for (int r = 0; r < size; ++r) all[r] = r;
-  watch_ = std::make_unique<GlooWatch>();
+  watch_ = std::make_unique<GlooWatch>(
+      std::chrono::milliseconds(static_cast<int64_t>(options_.peer_timeout_s * 1000)));
   watch_->Watch(job_, all, "the job");
 }
 

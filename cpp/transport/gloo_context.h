@@ -45,6 +45,9 @@ struct GlooOptions {
   std::string iface;       // network interface for the TCP device
   std::string bind_host;   // address/host to bind to when no interface is named
   double timeout_s = 30.0;
+  // A peer silent this long is lost (Note [Silent peers on Gloo]); 0: never;
+  // negative: HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS.
+  double peer_timeout_s = -1;
   // Before every key of this job's (Note [Elastic reset on Gloo]): "" at
   // init, "reset/<generation>/" for the world an elastic reset builds.
   std::string key_prefix;

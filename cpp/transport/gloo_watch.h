@@ -1,9 +1,10 @@
 // Noticing lost peers on the Gloo controller, and ending waits that would
-// never complete (Note [Lost peers on Gloo]).
+// never complete (Note [Lost peers on Gloo], Note [Silent peers on Gloo]).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -34,18 +35,44 @@ namespace hvdcompat {
 // forgotten before it is shut down on purpose (a removed process set, the
 // end of the job), so the peers closing theirs is no loss. Abort() also ends
 // waits on a peer that is alive but stopped (hvd.shutdown's bound).
+//
+// Note [Silent peers on Gloo]
+// A host that goes down or drops off the network closes nothing: without
+// more, its peers would wait until Gloo's own timeout or forever. So every
+// watched connection gets TCP keepalives (first probe after a quarter of the
+// peer timeout, then every second), and every kListenInterval the watch reads
+// from the kernel (TCP_INFO) how long ago each connection last received
+// anything, data or an acknowledgement. A peer's silence is the shortest of those over all its
+// connections; a peer silent for longer than the peer timeout
+// (HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS) is lost on every context at once.
+// Liveness is the peer's kernel's, not its process's: a process busy for
+// minutes outside collectives, or stopped (SIGSTOP, a debugger), still
+// acknowledges, so it is never lost here (a stopped one is hvd.shutdown's
+// case, above; one that never submits is the stall inspector's). Survivors
+// do not notice at the same moment (each connection's last receipt differs
+// by up to the keepalive period), so a survivor that aborts first closes its
+// sockets while the others still wait on the silent host; a look that finds
+// closed pairs therefore blames the peers already silent for longer than a
+// live one can be (kSuspectAfter past the keepalive period) when there are
+// any, and the closers only when there are none.
 class GlooWatch {
  public:
   static constexpr std::chrono::milliseconds kLookInterval{100};
   static constexpr std::chrono::milliseconds kAbortGrace{800};
+  // Keepalive probes after the first one go out this often.
+  static constexpr std::chrono::seconds kProbeInterval{1};
+  // How often the watch reads every connection's silence (a system call each).
+  static constexpr std::chrono::milliseconds kListenInterval{500};
 
-  GlooWatch();
+  // `peer_timeout`: how long a peer may be silent before it is lost (Note
+  // [Silent peers on Gloo]); zero turns the check and the keepalives off.
+  explicit GlooWatch(std::chrono::milliseconds peer_timeout = std::chrono::milliseconds(0));
   ~GlooWatch();
   GlooWatch(const GlooWatch&) = delete;
   GlooWatch& operator=(const GlooWatch&) = delete;
 
   // Watches `ctx`, whose member i is global rank ranks[i]; `what` names it in
-  // messages ("process set 2").
+  // messages ("process set 2"). Turns on the keepalives of its connections.
   void Watch(const std::shared_ptr<gloo::Context>& ctx, std::vector<int> ranks,
              std::string what);
   // Stops watching `ctx` (it is about to be shut down on purpose).
@@ -59,6 +86,9 @@ class GlooWatch {
   std::vector<int> LostRanks();
   // Every member whose pair is closed now (indices), without recording.
   static std::vector<int> ClosedPeers(gloo::Context& ctx);
+  // Milliseconds since the connection to each member of `ctx` last received
+  // anything (-1 for this rank and closed pairs), from the kernel.
+  static std::vector<int64_t> Silences(gloo::Context& ctx);
   // Fails every pair of `ctx` with `why`: its pending and later calls throw.
   static void Abort(gloo::Context& ctx, const std::string& why);
   // Ends the thread (idempotent); contexts are left as they are.
@@ -71,20 +101,29 @@ class GlooWatch {
     std::vector<int> ranks;
     std::string what;
     std::vector<int> lost;       // members first found lost
+    bool silent = false;         // ... because nothing was heard from them
     bool doomed = false;         // abort at `abort_at`
     std::chrono::steady_clock::time_point abort_at;
     bool aborted = false;
   };
   void Loop();
+  // Each peer's silence over every watched connection (mu_ held).
+  void Listen();
   // Records what `e` finds (mu_ held); true when it found lost members.
   bool Look(Entry* e, gloo::Context& ctx);
-  static std::string AbortMessage(const Entry& e);
+  std::string AbortMessage(const Entry& e) const;
+  void KeepAlive(gloo::Context& ctx) const;
 
+  const std::chrono::milliseconds peer_timeout_;
+  // A live peer answers a keepalive within its period; longer is suspect.
+  const std::chrono::milliseconds suspect_after_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<Entry> entries_;
-  std::set<int> lost_ranks_;  // global ranks, every context's
+  std::set<int> lost_ranks_;          // global ranks, every context's
+  std::map<int, int64_t> silence_ms_;  // global rank -> ms, when last read
+  std::chrono::steady_clock::time_point heard_at_;  // when silence_ms_ was read
   std::thread thread_;
 };
 

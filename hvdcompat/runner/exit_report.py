@@ -64,6 +64,8 @@ class OutputRelay:
         self.namespaces = set()  # Open MPI jobs the reports named
         self._lost = []          # (namespace or None, host), in the order seen
         self.lost_ranks = set()
+        self.lost_reporters = set()  # ranks whose engine reported a loss (a consequence)
+        self.lost_named_by = {}      # host -> ranks whose engine reported it lost
         self.mpi_aborted = set()  # ranks MPI itself aborted on an error
         self.line_open = {}  # fd -> whether its output ends inside a line
         self._lock = threading.Lock()
@@ -132,6 +134,12 @@ class OutputRelay:
                     self.namespaces.add(namespace.rsplit("@", 1)[0])
             elif report.get("kind") == "lost":
                 # A survivor's engine lost these ranks (Note [Report channel]).
+                by = report.get("rank")
+                if isinstance(by, int):
+                    self.lost_reporters.add(by)
+                    for h in report.get("hosts") or []:
+                        if isinstance(h, str):
+                            self.lost_named_by.setdefault(h, set()).add(by)
                 self._record_lost([(None, h, report.get("ranks") or [])
                                    for h in report.get("hosts") or [] if isinstance(h, str)])
             else:
@@ -175,17 +183,21 @@ class OutputRelay:
                 self._lost.append((namespace, host))
             self.lost_ranks.update(r for r in ranks if isinstance(r, int))
 
-    def survivors_done(self, np_ranks, placement=None):
+    def survivors_done(self, np_ranks, placement=None, lost_hosts=None):
         """Whether every rank not on a lost host has ended (the rest cannot be reached).
 
         Only after some host was reported lost; `placement` ({host: [ranks]})
-        adds the lost hosts' ranks when the launch fixed them.
+        adds the lost hosts' ranks when the launch fixed them; `lost_hosts`
+        (with `placement`) narrows the hosts taken as lost (default: every one
+        reported).
         """
         with self._lock:
-            lost_hosts = self._lost_hosts()
+            # The ranks reported lost count too, unless the hosts are given: then those
+            # hosts' ranks alone (a partitioned job's far side reports the near one lost).
+            lost = set(self.lost_ranks) if lost_hosts is None else set()
+            lost_hosts = self._lost_hosts() if lost_hosts is None else list(lost_hosts)
             if not lost_hosts or np_ranks <= 0:
                 return False
-            lost = set(self.lost_ranks)
             for host in lost_hosts:
                 lost.update((placement or {}).get(host, ()))
             ended = {r.get("rank") for r in self.reports}

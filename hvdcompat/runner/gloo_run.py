@@ -33,7 +33,7 @@ from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner.errors import LaunchError
 
 __all__ = ["add_gloo_arguments", "check_gloo_args", "RankSpec", "place_ranks",
-           "rank_environment", "rank_command", "store_address", "run_gloo",
+           "rank_environment", "rank_command", "store_address", "run_gloo", "failure_line",
            "FAILURE_GRACE_SECONDS"]
 
 # After the first rank fails, how long the others may take to notice and end
@@ -372,11 +372,17 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
         raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
     # Every rank writes to our stdout/stderr: whole lines, so ranks never mix within one.
     relay = _exit_report.OutputRelay(pairs, token=token, whole_lines=True)
-    code = _wait(procs, stop_on_failure=driver is None)
+    placement = {}
+    for spec in specs:
+        placement.setdefault(spec.host, []).append(spec.rank)
+    code = _wait(procs, stop_on_failure=driver is None,
+                 survivors_done=lambda: relay.survivors_done(np, placement,
+                                                             _lost_hosts(relay, specs)))
     relay.join(timeout=5)
     del server
-    # The supervisors' reports say which rank failed first (and how).
-    code = _exit_report.first_failure_code(relay.reports) or code
+    # The supervisors' reports say which rank failed first (and how); a rank
+    # whose engine reported a lost peer failed because of it.
+    code = _exit_report.first_failure_code(relay.reports, relay.lost_reporters) or code
     if driver is not None:
         verdict = driver.verdict(code, started=np)
         if verdict != 0:
@@ -385,16 +391,47 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
                 sys.stdout.flush()
                 print(line, file=sys.stderr, flush=True)
         return verdict
-    line = _exit_report.summary(code, relay.reports, [], None)
+    code, line = failure_line(code, relay, specs)
     if line:
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
     return code
 
 
-def _wait(procs, stop_on_failure=True):
+def failure_line(code, relay, specs):
+    """(the job's exit code, the line naming its failure or None) from what `relay` saw.
+
+    The first rank that failed of its own accord is named; when every failed
+    rank failed after its engine lost peers (or none failed), the host the
+    engines reported lost is, and the job fails even if its ranks exited 0.
+    """
+    placement = {}
+    for spec in specs:
+        placement.setdefault(spec.host, []).append(spec.rank)
+    lost = _lost_hosts(relay, specs)
+    code = code or (1 if lost else 0)
+    own = [r for r in relay.reports if r.get("status") != 0 and
+           r.get("rank") not in relay.lost_reporters]
+    if lost and not own:
+        return code, _exit_report.summary(code, [], lost, placement)
+    return code, _exit_report.summary(code, relay.reports, [], None, relay.lost_reporters)
+
+
+def _lost_hosts(relay, specs):
+    """The hosts the ranks' engines reported lost. Where both sides of a network split
+    reported the other, the side of this machine's ranks (the launcher's) is believed."""
+    hosts = relay.lost_hosts
+    here = {spec.rank for spec in specs if spec.local}
+    seen_from_here = [h for h in hosts if relay.lost_named_by.get(h, set()) & here]
+    return seen_from_here or hosts
+
+
+def _wait(procs, stop_on_failure=True, survivors_done=None):
     """Waits for every rank; after the first failure, FAILURE_GRACE_SECONDS, then stops the rest
-    (unless not `stop_on_failure`: an elastic job's survivors go on).
+    (unless not `stop_on_failure`: an elastic job's survivors go on). Once
+    `survivors_done()` (every rank off the hosts the engines reported lost has
+    ended), the lost hosts' ranks (an ``ssh`` to a host that dropped off the
+    network may not end for minutes) get FAILURE_GRACE_SECONDS too.
 
     Forwards SIGINT/SIGTERM to every rank. Returns 0, or the first failed
     rank's code (128 + signal when it was killed).
@@ -408,9 +445,16 @@ def _wait(procs, stop_on_failure=True):
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     first = 0
-    failed_at = None
+    failed_at = done_at = None
     try:
         while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
+            if survivors_done is None or not survivors_done():
+                done_at = None
+            elif done_at is None:
+                done_at = time.monotonic()
+            elif time.monotonic() - done_at > FAILURE_GRACE_SECONDS:
+                _stop_all(procs)
+                break
             if failed_at is None:
                 for p in procs:
                     if p.returncode not in (None, 0):

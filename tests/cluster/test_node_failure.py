@@ -4,7 +4,10 @@ hvdcompatrun runs 2 ranks on each of 2 hosts; the second host is lost while
 the ranks train. Under --fault-tolerant every survivor's pending op and the
 next one raise HorovodInternalError naming the lost ranks and their host
 within 30 s; under the default launch the job ends within 30 s, non-zero,
-and hvdcompatrun names the first failed rank (or the lost host).
+and hvdcompatrun names the first failed rank (or the lost host). On the Gloo
+controller (--gloo) a cut host is noticed by its silence (Note [Silent peers
+on Gloo]) within HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS, after its ranks first
+stayed away from collectives for longer than that, alive.
 """
 
 import glob
@@ -23,7 +26,7 @@ SCRIPT = os.path.join("tests", "cluster", "scripts", "lose_host.py")
 _LOST = re.compile(r"rank\(s\) ([\d, ]+) on host (\S+)(?: \(which also runs rank\(s\) ([\d, ]+)\))?")
 
 
-def _drill(cluster, how, fault_tolerant, out):
+def _drill(cluster, how, fault_tolerant, out, gloo_env=None):
     os.makedirs(out)
     if how == "cut":
         def cut_when_ready():
@@ -46,10 +49,14 @@ def _drill(cluster, how, fault_tolerant, out):
     args = ["-H", host_list(cluster, [2, 2]), "--mpi-args", " ".join(mpi_args)]
     if fault_tolerant:
         args.append("--fault-tolerant")
+    env = {"DRILL": how, "DRILL_HOSTNAME": cluster.names[1], "DRILL_OUT": out,
+           "DRILL_SURVIVORS": "2" if fault_tolerant else "0"}
+    if gloo_env is not None:
+        # hvdcompatrun --gloo reaches the second host with `ssh`: the stand-in, first on PATH.
+        args = ["--gloo", "-H", host_list(cluster, [2, 2])]
+        env.update(gloo_env, PATH=cluster.tmpdir + os.pathsep + os.environ["PATH"])
     result = run_hvdcompatrun(cluster, [*args, sys.executable, SCRIPT], timeout=150, check=False,
-                              env={"DRILL": how, "DRILL_HOSTNAME": cluster.names[1],
-                                   "DRILL_OUT": out,
-                                   "DRILL_SURVIVORS": "2" if fault_tolerant else "0"})
+                              env=env)
     ended = time.time()
     lost = [float(open(p).read()) for p in glob.glob(os.path.join(out, "lost-*"))]
     assert lost, f"the host was never lost:\n{result.output}"
@@ -105,3 +112,37 @@ def test_default_launch_ends_naming_the_first_failure(fresh_cluster, how, tmp_pa
     else:
         assert lines[0].startswith(f"hvdcompatrun: lost contact with host {lost_host} "
                                    "(rank(s) 2, 3)"), lines
+
+
+GLOO_PEER_TIMEOUT = 6  # seconds (HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS; 20 by default)
+BUSY = 10  # seconds the lost host's ranks first spend away from collectives, alive
+
+
+def test_gloo_survivors_name_a_host_that_went_silent(fresh_cluster, tmp_path):
+    result, lost, ended, reports = _drill(
+        fresh_cluster, "cut", False, str(tmp_path / "out"),
+        gloo_env={"HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS": str(GLOO_PEER_TIMEOUT),
+                  "DRILL_BUSY": str(BUSY)})
+    assert not result.timed_out and result.returncode != 0, result.output
+    # A host whose ranks were busy for longer than the timeout was not taken for lost.
+    waited = {int(r): float(t) for r, t in
+              re.findall(r"rank (\d) waited ([\d.]+) s on a busy host", result.output)}
+    assert sorted(waited) == [0, 1, 2, 3] and min(waited.values()) > BUSY - 1, result.output
+    lost_host = fresh_cluster.names[1]
+    for rank in (0, 1):  # the survivors, on the first host
+        text = reports.get(rank, "")
+        m = re.search(r"SURVIVOR \d+ ([\d.]+) (\w+): (.*)", text)
+        assert m and m.group(2) == "HorovodInternalError", f"{text}\n{result.output}"
+        # Noticed by the silence: not before the timeout, and soon after it.
+        took = float(m.group(1)) - lost
+        assert GLOO_PEER_TIMEOUT - 2 < took < GLOO_PEER_TIMEOUT + 8, (took, text)
+        named = _LOST.search(m.group(3))
+        assert named and named.group(2) == lost_host, text
+        ranks = {int(x) for x in re.findall(r"\d+", named.group(1) + " " + (named.group(3) or ""))}
+        assert ranks == {2, 3}, text
+        assert f"AFTER {rank} HorovodInternalError" in text, text
+        print(f"MEASURED Gloo cut (peer timeout {GLOO_PEER_TIMEOUT} s): rank {rank} raised "
+              f"{took:.1f} s after the loss; the job ended {ended - lost:.1f} s after it")
+    lines = [l for l in result.output.splitlines() if l.startswith("hvdcompatrun: ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"hvdcompatrun: lost contact with host {lost_host} (rank(s) 2, 3)"), result.output

@@ -274,3 +274,60 @@ def test_under_gloo_too_a_rank_printing_report_lines_changes_nothing(tmp_path):
                           sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 5 and "rank 1" in out.stderr, out.stdout + out.stderr
+
+
+def _relay_with_reports(reports, token="5e" * 16):
+    """A relay that read these supervisor reports (each a dict), as a launch with `token` does."""
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    relay = exit_report.OutputRelay([(os.fdopen(r, "rb"), out_w)], token=token)
+    marker = exit_report.report_marker(token)
+    for report in reports:
+        os.write(w, (marker + json.dumps(report) + "\n").encode())
+    os.close(w)
+    relay.join(timeout=10)
+    os.close(out_w)
+    os.close(out_r)
+    return relay
+
+
+# Both sides of a network split report the other lost (the launcher reached both).
+_SPLIT = [{"kind": "lost", "rank": 0, "ranks": [2, 3], "hosts": ["n2", "n2"]},
+          {"kind": "lost", "rank": 2, "ranks": [0, 1], "hosts": ["n1", "n1"]}]
+_PLACEMENT = {"n1": [0, 1], "n2": [2, 3]}
+
+
+def test_a_split_job_waits_only_on_the_ranks_of_the_hosts_taken_as_lost():
+    relay = _relay_with_reports(_SPLIT)
+    assert relay.lost_reporters == {0, 2}
+    assert relay.lost_named_by == {"n2": {0}, "n1": {2}}
+    assert not relay.survivors_done(4, _PLACEMENT)  # every rank reported lost by someone
+    assert not relay.survivors_done(4, _PLACEMENT, ["n2"])  # ranks 0 and 1 still run
+    relay.reports = [{"rank": 0, "status": 0}, {"rank": 1, "status": 1}]
+    assert relay.survivors_done(4, _PLACEMENT, ["n2"])
+    assert not relay.survivors_done(4, _PLACEMENT, ["n1"])  # 2 and 3 run, they are not lost
+
+
+def test_the_gloo_launch_names_the_host_its_own_ranks_lost():
+    from hvdcompat.runner.gloo_run import RankSpec, failure_line
+
+    specs = [RankSpec(rank=r, host=f"n{r // 2 + 1}", local_rank=r % 2, local_size=2,
+                      cross_rank=r // 2, cross_size=2, local=r < 2) for r in range(4)]
+    # The ranks that reported a loss failed (0, 2), the others exited 0: the far host is named.
+    ended = [{"rank": r, "host": f"n{r // 2 + 1}", "time": 5.0 - r, "status": int(r in (0, 2))}
+             for r in range(4)]
+    relay = _relay_with_reports(_SPLIT + ended)
+    code, line = failure_line(exit_report.first_failure_code(relay.reports, relay.lost_reporters),
+                              relay, specs)
+    assert code == 1 and line.startswith("hvdcompatrun: lost contact with host n2 "
+                                         "(rank(s) 2, 3)"), line
+    # ... and the job fails even when every rank exited 0.
+    relay = _relay_with_reports(_SPLIT + [{**e, "status": 0} for e in ended])
+    assert failure_line(0, relay, specs)[0] == 1
+    # A rank that failed of its own accord (killed; it reported no loss) is named instead.
+    killed = {"rank": 3, "host": "n2", "time": 6.0, "status": None, "signal": 9}
+    relay = _relay_with_reports([_SPLIT[0], killed, ended[0]])
+    code, line = failure_line(exit_report.first_failure_code(relay.reports, relay.lost_reporters),
+                              relay, specs)
+    assert code == 137 and line.startswith(
+        "hvdcompatrun: rank 3 on host n2 was killed by signal 9 (SIGKILL)"), line

@@ -9,6 +9,9 @@ Environment:
         output once the job has lost a process).
     DRILL_SURVIVORS: how many survivors report; each waits (up to 30 s) for
         the others' reports before it exits.
+    DRILL_BUSY: seconds the lost host's ranks first spend away from
+        collectives (alive, busy) while the others wait in one; they must not
+        be taken for lost (default 0: no such phase).
 
 Each rank writes $DRILL_OUT/ready-<rank> once it trained; a lost rank writes
 $DRILL_OUT/lost (wall-clock time) just before it dies. Survivors write
@@ -35,6 +38,13 @@ model = torch.nn.Linear(64, 16)
 for step in range(5):
     for name, p in model.named_parameters():
         hvd.allreduce_(p.data, name=f"w.{name}")
+busy = float(os.environ.get("DRILL_BUSY", "0"))
+if busy:
+    started = time.monotonic()
+    if victim:
+        time.sleep(busy)
+    hvd.allreduce(torch.ones(1), name="after.busy")  # raises if a busy rank was taken for lost
+    print(f"rank {rank} waited {time.monotonic() - started:.1f} s on a busy host", flush=True)
 open(os.path.join(out_dir, f"ready-{rank}"), "w").close()
 print(f"rank {rank} on {socket.gethostname()} trained", flush=True)
 if victim and drill in ("exit", "kill"):
