@@ -127,6 +127,9 @@ py::dict ConfigDict() {
   d["network_segment_bytes"] = c.network_segment_bytes;
   d["network_pipeline_depth"] = c.network_pipeline_depth;
   d["network_16bit_wire"] = c.network_16bit_wire;
+  d["gloo_segment_bytes"] = c.gloo_segment_bytes;
+  d["gloo_pipeline_depth"] = c.gloo_pipeline_depth;
+  d["gloo_exchange_max_bytes"] = c.gloo_exchange_max_bytes;
   d["num_nccl_streams"] = c.num_nccl_streams;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["hierarchical_allgather"] = c.hierarchical_allgather;

@@ -102,6 +102,13 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kNetwork16BitWire, "NETWORK_16BIT_WIRE", false, "1", "bool",
        "Network plan: float16/bfloat16 cross hosts as 16 bits, each reduction step rounding "
        "(as Horovod); 0 widens them to float32 on the link (one rounding, twice the bytes)."},
+      {Knob::kGlooSegmentBytes, "GLOO_SEGMENT_BYTES", false, "1048576", "bytes",
+       "Gloo controller: the host allreduce's ring moves segments of at most this size."},
+      {Knob::kGlooPipelineDepth, "GLOO_PIPELINE_DEPTH", false, "4", "segments",
+       "Gloo controller: reduce-scatter receives the ring posts ahead (its temporary segments)."},
+      {Knob::kGlooExchangeMaxBytes, "GLOO_EXCHANGE_MAX_BYTES", false, "65536", "bytes",
+       "Gloo controller: an allreduce whose payload times (ranks - 1) is at most this skips "
+       "the ring; every rank sends its whole contribution to every other (one latency)."},
       // Elastic training (read by hvd.elastic; hvdcompatrun's elastic flags set them).
       {Knob::kElasticMinNp, "ELASTIC_MIN_NP", false, "", "ranks",
        "hvd.elastic.run fails when fewer ranks than this survive a reset (--min-np)."},
@@ -342,6 +349,9 @@ Config Config::FromEnvironment() {
   c.network_segment_bytes = std::max<int64_t>(4096, KnobInt(Knob::kNetworkSegmentBytes));
   c.network_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kNetworkPipelineDepth));
   c.network_16bit_wire = KnobBool(Knob::kNetwork16BitWire);
+  c.gloo_segment_bytes = std::max<int64_t>(4096, KnobInt(Knob::kGlooSegmentBytes));
+  c.gloo_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kGlooPipelineDepth));
+  c.gloo_exchange_max_bytes = std::max<int64_t>(0, KnobInt(Knob::kGlooExchangeMaxBytes));
   std::string ops = KnobChoice(Knob::kGpuOperations);
   c.gpu_operations_mpi = ops == "MPI";
   c.autotune = KnobBool(Knob::kAutotune);

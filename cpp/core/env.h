@@ -50,6 +50,9 @@ enum class Knob : int {
   kNetworkSegmentBytes,
   kNetworkPipelineDepth,
   kNetwork16BitWire,
+  kGlooSegmentBytes,
+  kGlooPipelineDepth,
+  kGlooExchangeMaxBytes,
   kElasticMinNp,
   kElasticResetLimit,
   kElasticDir,
@@ -145,6 +148,9 @@ struct Config {
   int64_t network_segment_bytes;   // network plan: pipelined segment size
   int64_t network_pipeline_depth;  // network plan: segments in flight, >= 1
   bool network_16bit_wire;         // network plan: float16/bfloat16 cross as 16 bits
+  int64_t gloo_segment_bytes;      // Gloo ring allreduce: largest segment
+  int64_t gloo_pipeline_depth;     // Gloo ring allreduce: receives posted ahead, >= 1
+  int64_t gloo_exchange_max_bytes; // Gloo allreduce: payloads up to this go in one exchange
   bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
   bool async_completion;           // synchronize() orders streams, does not wait on the host
   bool autotune;                   // search the tunables while training (parameter_manager.h)

@@ -1,5 +1,6 @@
 #include "ops/gloo_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/checked_math.h"
@@ -13,7 +14,6 @@
 #include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
 #include "gloo/allgatherv.h"
-#include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -27,9 +27,18 @@ namespace {
 
 constexpr uint32_t kDataTag = 100;  // the control transport uses tags below it
 // Gloo's own collectives use slot prefixes 0x01-0x08; the ring reduce-scatter here its own,
-// Adasum and the hierarchical steps (ops/gloo_hierarchical_ops.cc: 0x42) theirs.
+// Adasum, the hierarchical steps (ops/gloo_hierarchical_ops.cc: 0x42) and the allreduce
+// (ops/gloo_ring.cc: 0x43, 0x44) theirs.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kAdasumSlotPrefix = 0x41;
+
+GlooRingOptions RingOptions(const Config& config) {
+  GlooRingOptions o;
+  o.segment_bytes = config.gloo_segment_bytes;
+  o.depth = static_cast<int>(std::min<int64_t>(config.gloo_pipeline_depth, 1024));
+  o.exchange_max_bytes = config.gloo_exchange_max_bytes;
+  return o;
+}
 
 // Gloo wants a pointer even for an empty buffer.
 char g_empty[8];
@@ -42,7 +51,12 @@ P* NonNull(P* p) {
 
 GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& config,
                          const std::vector<int>& global_ranks, EngineStats* stats)
-    : context_(std::move(context)), rank_(context_->rank), size_(context_->size), stats_(stats) {
+    : context_(std::move(context)),
+      rank_(context_->rank),
+      size_(context_->size),
+      inplace_min_bytes_(config.inplace_min_bytes),
+      ring_(context_, RingOptions(config)),
+      stats_(stats) {
   adasum_peers_ = std::make_unique<GlooAdasumPeers>(context_, kAdasumSlotPrefix);
   adasum_ = std::make_unique<Adasum>(adasum_peers_.get());
   if (config.hierarchical_allreduce || config.hierarchical_allgather) {
@@ -79,64 +93,20 @@ void GlooBackend::Execute(const Response& r, std::vector<ExecUnit>& units) {
   }
 }
 
-void GlooBackend::AllreduceElements(const void* in, void* out, int64_t count, DataType dtype,
-                                    ReduceOp op) {
-  if (count == 0 || size_ == 1) {
-    if (in != out && count > 0) std::memcpy(out, in, count * DataTypeSize(dtype));
-    return;
-  }
-  // By size alone, as on MPI: a joined rank reduces in place while the others
-  // read their inputs, and every rank must take the same steps.
-  if (hierarchy_ && hierarchy_->UseAllreduce(count)) {
-    if (in != out) std::memcpy(out, in, static_cast<size_t>(count) * DataTypeSize(dtype));
-    hierarchy_->Allreduce(out, count, dtype, op);
-    if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  gloo::AllreduceOptions o(context_);
-  const size_t esize = DataTypeSize(dtype);
-  // Typed by size only: the reduce function knows the element type.
-  auto set = [&](auto* typed_out) {
-    using T = std::remove_pointer_t<decltype(typed_out)>;
-    if (in != out) o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
-    o.setOutput(typed_out, count);
-  };
-  switch (esize) {
-    case 1: set(static_cast<uint8_t*>(out)); break;
-    case 2: set(static_cast<uint16_t*>(out)); break;
-    case 4: set(static_cast<uint32_t*>(out)); break;
-    default: set(static_cast<uint64_t*>(out)); break;
-  }
-  o.setReduceFunction(HostReduceFor(dtype, op));
-  o.setTag(kDataTag);
-  gloo::allreduce(o);
-}
-
-void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
-  if (r.reduce_op == ReduceOp::kAdasum) {
-    return Timed("GLOO_ADASUM_ALLREDUCE", [&] { adasum_->Allreduce(r, units); });
-  }
+std::vector<GlooBackend::Piece> GlooBackend::CollectPieces(const Response& r,
+                                                           std::vector<ExecUnit>& units,
+                                                           double pre, int64_t* total) {
   const size_t esize = DataTypeSize(r.dtype);
-  const DataType wire = HostReduceType(r.dtype);
-  const size_t wsize = DataTypeSize(wire);
-  double pre, post;
-  ReduceScales(r, size_, &pre, &post);
-  struct Piece {
-    const char* in;
-    char* out;
-    int64_t count;
-    double pre;
-  };
   std::vector<Piece> pieces;
   size_t joined = 0;
-  int64_t total = 0;
+  *total = 0;
   for (auto& u : units) {
     for (size_t t = 0; t < u.unit->shapes.size(); ++t) {
-      int64_t count = ShapeElements(u.unit->shapes[t]);
-      total += count;
+      const int64_t count = ShapeElements(u.unit->shapes[t]);
       if (u.entry) {
         pieces.push_back({static_cast<const char*>(u.entry->inputs[t].data),
-                          static_cast<char*>(u.entry->outputs[t].data), count, pre});
+                          static_cast<char*>(u.entry->outputs[t].data), count, pre, *total,
+                          nullptr});
       } else {
         // A joined rank contributes the op's identity and keeps nothing.
         if (joined_buffers_.size() <= joined) {
@@ -144,41 +114,143 @@ void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
         }
         char* z = joined_buffers_[joined++]->Reserve(static_cast<size_t>(count) * esize);
         FillIdentity(z, count, r.dtype, r.reduce_op);
-        pieces.push_back({z, z, count, 1.0});
+        pieces.push_back({z, z, count, 1.0, *total, nullptr});
       }
+      *total += count;
     }
   }
+  return pieces;
+}
+
+void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
+  if (r.reduce_op == ReduceOp::kAdasum) {
+    return Timed("GLOO_ADASUM_ALLREDUCE", [&] { adasum_->Allreduce(r, units); });
+  }
+  double pre, post;
+  ReduceScales(r, size_, &pre, &post);
+  int64_t total = 0;
+  std::vector<Piece> pieces = CollectPieces(r, units, pre, &total);
+  // By size alone, as on MPI: a joined rank reduces in place while the others
+  // read their inputs, and every rank must take the same steps.
+  if (hierarchy_ && size_ > 1 && total > 0 && hierarchy_->UseAllreduce(total)) {
+    NodeAwareAllreduce(r, pieces, total, post);
+    if (stats_) stats_->hierarchical_allreduces.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  RingAllreduce(r, pieces, total, post);
+}
+
+void GlooBackend::RingAllreduce(const Response& r, std::vector<Piece>& pieces, int64_t total,
+                                double post) {
+  const size_t esize = DataTypeSize(r.dtype);
+  const DataType wire = HostReduceType(r.dtype);
+  const size_t wsize = DataTypeSize(wire);
+  const bool post_in_double = PostInDouble(r.reduce_op);
+  // Large tensors (and a lone one) are reduced where their outputs lie; the
+  // others, and every 16-bit float (widened), are packed into the fusion
+  // buffer, consecutive ones into one part.
+  auto direct = [&](const Piece& p) {
+    return wire == r.dtype &&
+           (pieces.size() == 1 || p.count * static_cast<int64_t>(esize) >= inplace_min_bytes_);
+  };
+  int64_t packed_total = 0;
+  for (const auto& p : pieces) packed_total += direct(p) ? 0 : p.count;
+  char* fusion = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(packed_total, 1)) *
+                                    wsize);
+  std::vector<GlooRing::Part> parts;
+  int64_t at = 0;
+  bool packing = false;  // the last part is in the fusion buffer
+  for (auto& p : pieces) {
+    if (direct(p)) {
+      parts.push_back({p.first, p.out});
+      packing = false;
+    } else {
+      p.packed = fusion + at * wsize;
+      at += p.count;
+      if (!packing) parts.push_back({p.first, p.packed});
+      packing = true;
+    }
+  }
+  // fn(piece, its first element in the range, elements) for every piece
+  // overlapping [first, first + n).
+  auto overlapping = [&](int64_t first, int64_t n, auto&& fn) {
+    size_t k = static_cast<size_t>(
+        std::upper_bound(pieces.begin(), pieces.end(), first,
+                         [](int64_t v, const Piece& p) { return v < p.first; }) -
+        pieces.begin()) - 1;
+    for (; k < pieces.size() && pieces[k].first < first + n; ++k) {
+      const Piece& p = pieces[k];
+      const int64_t lo = std::max(first, p.first), hi = std::min(first + n, p.first + p.count);
+      if (hi > lo) fn(p, lo - p.first, hi - lo);
+    }
+  };
+  GlooRing::Hooks hooks;
+  // Fill: this rank's values, prescaled, in place (a copy from an
+  // out-of-place input) or packed (widened).
+  hooks.fill = [&](int64_t first, int64_t n) {
+    overlapping(first, n, [&](const Piece& p, int64_t k, int64_t c) {
+      if (p.packed) {
+        ConvertScale(p.packed + k * wsize, wire, p.in + k * esize, r.dtype, c, p.pre);
+      } else if (p.in != p.out || p.pre != 1.0) {
+        ScaleCopy(p.out + k * esize, p.in + k * esize, c, r.dtype, p.pre);
+      }
+    });
+  };
+  // Settle: the postscale of what is reduced in place, once, by the rank that
+  // finished it (the others receive the scaled values).
+  if (post != 1.0) {
+    hooks.settle = [&](int64_t first, int64_t n) {
+      overlapping(first, n, [&](const Piece& p, int64_t k, int64_t c) {
+        if (!p.packed) {
+          ScaleCopy(p.out + k * esize, p.out + k * esize, c, r.dtype, post, post_in_double);
+        }
+      });
+    };
+  }
+  // Drain: the packed ones out of the fusion buffer, postscaled (narrowed).
+  if (packed_total > 0) {
+    hooks.drain = [&](int64_t first, int64_t n) {
+      overlapping(first, n, [&](const Piece& p, int64_t k, int64_t c) {
+        if (p.packed) {
+          ConvertScale(p.out + k * esize, r.dtype, p.packed + k * wsize, wire, c, post,
+                       post_in_double);
+        }
+      });
+    };
+  }
+  const HostReduceFn reduce = HostReduceFor(wire, r.reduce_op);
+  Timed("GLOO_ALLREDUCE", [&] { ring_.Allreduce(parts, total, wsize, reduce, hooks); });
+}
+
+void GlooBackend::NodeAwareAllreduce(const Response& r, std::vector<Piece>& pieces,
+                                     int64_t total, double post) {
+  const DataType wire = HostReduceType(r.dtype);
+  const size_t wsize = DataTypeSize(wire);
+  const bool post_in_double = PostInDouble(r.reduce_op);
   if (pieces.size() == 1 && wire == r.dtype) {
     const Piece& p = pieces[0];
-    const char* src = p.in;
-    if (p.pre != 1.0) {
+    if (p.in != p.out || p.pre != 1.0) {
       Timed("PRESCALE", [&] { ScaleCopy(p.out, p.in, p.count, r.dtype, p.pre); });
-      src = p.out;
     }
-    Timed("GLOO_ALLREDUCE", [&] { AllreduceElements(src, p.out, p.count, r.dtype, r.reduce_op); });
+    Timed("GLOO_ALLREDUCE", [&] { hierarchy_->Allreduce(p.out, p.count, r.dtype, r.reduce_op); });
     if (post != 1.0) {
       Timed("POSTSCALE", [&] {
-        ScaleCopy(p.out, p.out, p.count, r.dtype, post, PostInDouble(r.reduce_op));
+        ScaleCopy(p.out, p.out, p.count, r.dtype, post, post_in_double);
       });
     }
     return;
   }
   // Fused or 16-bit: pack (widening, prescaling), reduce once, unpack.
-  char* buf = scratch_a_.Reserve(static_cast<size_t>(std::max<int64_t>(total, 1)) * wsize);
+  char* buf = scratch_a_.Reserve(static_cast<size_t>(total) * wsize);
   Timed("MEMCPY_IN_FUSION_BUFFER", [&] {
-    int64_t at = 0;
     for (const auto& p : pieces) {
-      ConvertScale(buf + at * wsize, wire, p.in, r.dtype, p.count, p.pre);
-      at += p.count;
+      ConvertScale(buf + p.first * wsize, wire, p.in, r.dtype, p.count, p.pre);
     }
   });
-  Timed("GLOO_ALLREDUCE", [&] { AllreduceElements(buf, buf, total, wire, r.reduce_op); });
+  Timed("GLOO_ALLREDUCE", [&] { hierarchy_->Allreduce(buf, total, wire, r.reduce_op); });
   Timed("MEMCPY_OUT_FUSION_BUFFER", [&] {
-    int64_t at = 0;
     for (const auto& p : pieces) {
-      ConvertScale(p.out, r.dtype, buf + at * wsize, wire, p.count, post,
-                   PostInDouble(r.reduce_op));
-      at += p.count;
+      ConvertScale(p.out, r.dtype, buf + p.first * wsize, wire, p.count, post, post_in_double);
     }
   });
 }

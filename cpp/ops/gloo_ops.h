@@ -2,10 +2,13 @@
 // controller] in transport/gloo_context.h): the same responses as
 // MpiBackend, fused or not, with the same scaling and 16-bit rules (float16
 // and bfloat16 are widened to float32 while packing and rounded once while
-// unpacking, as on MPI). A single tensor of another type is reduced from its
-// input straight into its output; fused tensors are packed into one buffer
-// and reduced in one call. Reducescatter packs every rank's block rank-major
-// and reduces it in a ring, each rank ending with its own block. Adasum runs
+// unpacking, as on MPI). Allreduce runs GlooRing (Note [Gloo ring]): a lone
+// tensor of another type, and fused ones of at least HVDCOMPAT_INPLACE_MIN_BYTES,
+// are reduced where their outputs lie (an out-of-place input copied in, and
+// prescaled, segment by segment); the other fused tensors are packed into one
+// buffer and unpacked from it segment by segment inside the ring's pipeline.
+// Reducescatter packs every rank's block rank-major and reduces it in a
+// ring, each rank ending with its own block. Adasum runs
 // the shared algorithm over Gloo's point-to-point messages (Note [Adasum
 // peers]); the hierarchical knobs take the node-aware steps of Note
 // [Hierarchical collectives on Gloo].
@@ -19,6 +22,7 @@
 #include "negotiation/fusion.h"
 #include "ops/collective_layout.h"
 #include "ops/backend.h"
+#include "ops/gloo_ring.h"
 
 namespace gloo {
 class Context;
@@ -49,9 +53,22 @@ class GlooBackend : public CollectiveBackend {
   void Alltoall(const Response& r, std::vector<ExecUnit>& units);
   void Reducescatter(const Response& r, std::vector<ExecUnit>& units);
 
-  // out = reduction over ranks of `in` (`in` may equal `out`), in `dtype`
-  // (never a 16-bit float: those are widened first).
-  void AllreduceElements(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op);
+  // One tensor of an allreduce: its place in the payload and, when it is
+  // packed, in the fusion buffer (null: reduced where `out` lies).
+  struct Piece {
+    const char* in;
+    char* out;
+    int64_t count;
+    double pre;     // prescale (1 for a joined rank's identity values)
+    int64_t first;  // its first element in the payload
+    char* packed;
+  };
+  std::vector<Piece> CollectPieces(const Response& r, std::vector<ExecUnit>& units, double pre,
+                                   int64_t* total);
+  // The allreduce on GlooRing (Note [Gloo ring]), and on the node-aware steps.
+  void RingAllreduce(const Response& r, std::vector<Piece>& pieces, int64_t total, double post);
+  void NodeAwareAllreduce(const Response& r, std::vector<Piece>& pieces, int64_t total,
+                          double post);
   // Reduces `buf` (rank-major blocks of `wire` elements, `layout`) so that
   // this rank's block holds every rank's sum; the other blocks are left partial.
   void RingReduceScatter(char* buf, const ScatterLayout& layout, DataType wire, ReduceOp op);
@@ -65,6 +82,8 @@ class GlooBackend : public CollectiveBackend {
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;
+  int64_t inplace_min_bytes_;  // fused tensors this large are not packed
+  GlooRing ring_;              // the allreduce (Note [Gloo ring])
   HostScratch scratch_a_;
   HostScratch scratch_b_;
   std::vector<std::unique_ptr<HostScratch>> joined_buffers_;
