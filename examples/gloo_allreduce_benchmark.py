@@ -5,13 +5,18 @@ controller, one job:
     mpirun --allow-run-as-root -np 3 python examples/gloo_allreduce_benchmark.py --iters 20
 
 The ranks first meet through a torch TCPStore (rank 0 hosts it on --port)
-and start the engine on its Gloo controller (no MPI) next to a torch gloo
-process group on the same store; both reduce the same float32 buffers of
-each size in alternating rounds. Then the engine is restarted on its MPI
-controller (the launcher's MPI) and times the same sizes. Prints, per size,
-the median time of a synchronous in-place sum allreduce (hvd.allreduce_ /
-dist.all_reduce) over --iters, the algorithm bandwidth, and each peer's
-time relative to torch's gloo.
+and keep a torch gloo process group on it for the whole job. Each round
+starts the engine on its Gloo controller (no MPI) through the same store and
+times, row by row, hvdcompat and torch's gloo on the same float32 buffers
+(one row's two peers back to back); then restarts the engine on its MPI
+controller (the launcher's MPI) and times the same rows. Rows: a synchronous
+in-place sum (hvd.allreduce_ / dist.all_reduce) per size, and the ResNet-50
+gradient set (161 tensors, 25,557,032 floats): every tensor submitted
+asynchronously, then all waited for (hvdcompat fuses them; torch's gloo runs
+one all_reduce per tensor). Each timed call starts after a barrier. Prints,
+per row, the median over the rounds of each round's median, the algorithm
+bandwidth, each peer's time relative to torch's gloo, and the load average
+at the start and the end.
 """
 
 import argparse
@@ -28,7 +33,14 @@ import hvdcompat as hvd
 from hvdcompat import _core, _session
 from hvdcompat import process_sets as _ps
 
-SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "64MiB": 64 << 20}
+# The ResNet-50 shapes live with the other benchmarks' helpers (scripts/benchmark_helpers).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+from benchmark_helpers.bench_common import resnet50_shapes  # noqa: E402
+
+SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20,
+         "64MiB": 64 << 20}
+RESNET = "ResNet-50"
 
 
 def launch_rank_size():
@@ -61,82 +73,117 @@ class Store:
         return "the benchmark's TCPStore"
 
 
-def check_sum(reduce_, rank, size, who):
-    """One sum of (rank + 1) per element must give size * (size + 1) / 2 everywhere."""
-    t = torch.full((1000,), float(rank + 1))
-    reduce_(t)
+def engine_set(tensors, tag):
+    def run():
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"{tag}.{i}")
+                   for i, t in enumerate(tensors)]
+        for h in handles:
+            hvd.synchronize(h)
+    return run
+
+
+def gloo_set(tensors):
+    def run():
+        works = [dist.all_reduce(t, async_op=True) for t in tensors]
+        for w in works:
+            w.wait()
+    return run
+
+
+def check_sums(run_on, tensors, rank, size, who):
+    """Every element (rank + 1) must sum to size * (size + 1) / 2 on every rank."""
+    for t in tensors:
+        t.fill_(rank + 1)
+    run_on(tensors)
     want = size * (size + 1) / 2
-    if not torch.equal(t, torch.full_like(t, want)):
-        sys.exit(f"rank {rank}: {who}'s allreduce gave {t[:4].tolist()}..., expected {want}")
+    for i, t in enumerate(tensors):
+        if not torch.equal(t, torch.full_like(t, want)):
+            sys.exit(f"rank {rank}: {who}'s allreduce of tensor {i} gave {t.flatten()[:4].tolist()}"
+                     f"..., expected {want}")
+        t.zero_()
 
 
-def timed(fn, iters):
-    fn()  # warm-up (connections, first allocation)
+def timed(fn, iters, barrier):
+    fn()  # warm-up (connections, first allocation, negotiation)
     out = []
     for _ in range(iters):
+        barrier()
         start = time.perf_counter()
         fn()
         out.append(time.perf_counter() - start)
     return statistics.median(out)
 
 
+def load():
+    return "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the Gloo peers")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per row and round")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds (Gloo controller and torch gloo, then the MPI controller)")
     p.add_argument("--port", type=int, default=29517)
     p.add_argument("--host", default="127.0.0.1", help="address rank 0's store listens on")
     p.add_argument("--sizes", default="4KiB,16MiB,64MiB", help=f"of {','.join(SIZES)}")
+    p.add_argument("--no-resnet", action="store_true", help="leave out the ResNet-50 set row")
     args = p.parse_args()
     rank, size = launch_rank_size()
-    sizes = [(name, SIZES[name]) for name in args.sizes.split(",")]
+    start_load = load()
+    rows = [(name, [torch.zeros(SIZES[name] // 4)]) for name in args.sizes.split(",") if name]
+    if not args.no_resnet:
+        rows.append((RESNET, [torch.zeros(s) for s in resnet50_shapes()]))
     tcp = dist.TCPStore(args.host, args.port, size, rank == 0,
                         timeout=datetime.timedelta(seconds=60))
-    # Our Gloo controller (what hvd.init() starts under torchrun/--gloo)
-    _core.init(_core.InitOptions(controller="gloo", store=Store(tcp, "hvdcompat/"), rank=rank,
-                                 size=size, gloo_hostname=args.host))
-    _ps._after_init(_ps._parse_init_argument(None, None), _session.begin())
-    assert _core.gloo_enabled()
     dist.init_process_group("gloo", store=dist.PrefixStore("torch/", tcp), rank=rank,
                             world_size=size)
-    check_sum(lambda t: hvd.allreduce_(t, op=hvd.Sum, name="check.gloo"), rank, size,
-              "the Gloo controller")
-    check_sum(dist.all_reduce, rank, size, "torch gloo")
-    bufs = {name: torch.ones(nbytes // 4) for name, nbytes in sizes}
-    ours, torch_gloo = {}, {}
-    for _ in range(args.rounds):
-        for name, _n in sizes:
-            t = bufs[name]
-            ours.setdefault(name, []).append(
-                timed(lambda: hvd.allreduce_(t, op=hvd.Sum, name=f"b.{name}"), args.iters))
-            torch_gloo.setdefault(name, []).append(timed(lambda: dist.all_reduce(t), args.iters))
+    times = {peer: {name: [] for name, _ in rows} for peer in ("gloo_ctl", "torch", "mpi_ctl")}
+    for r in range(args.rounds):
+        # Our Gloo controller (what hvd.init() starts under torchrun/--gloo)
+        _core.init(_core.InitOptions(controller="gloo", store=Store(tcp, f"hvdcompat/{r}/"),
+                                     rank=rank, size=size, gloo_hostname=args.host))
+        _ps._after_init(_ps._parse_init_argument(None, None), _session.begin())
+        assert _core.gloo_enabled()
+        if r == 0:
+            check_sums(lambda ts: engine_set(ts, "check.gloo")(), rows[-1][1], rank, size,
+                       "the Gloo controller")
+            check_sums(lambda ts: gloo_set(ts)(), rows[-1][1], rank, size, "torch gloo")
+        for name, tensors in rows:
+            times["gloo_ctl"][name].append(timed(engine_set(tensors, f"g.{name}"), args.iters,
+                                                 dist.barrier))
+            times["torch"][name].append(timed(gloo_set(tensors), args.iters, dist.barrier))
+        hvd.shutdown()
+        # Our MPI controller, same rows
+        hvd.init()
+        assert _core.mpi_enabled()
+        if r == 0:
+            check_sums(lambda ts: engine_set(ts, "check.mpi")(), rows[-1][1], rank, size,
+                       "the MPI controller")
+        for name, tensors in rows:
+            times["mpi_ctl"][name].append(timed(engine_set(tensors, f"m.{name}"), args.iters,
+                                                hvd.barrier))
+        hvd.shutdown()
+    dist.barrier()
     dist.destroy_process_group()
-    hvd.shutdown()
-    # Our MPI controller, same sizes
-    hvd.init()
-    assert _core.mpi_enabled()
-    check_sum(lambda t: hvd.allreduce_(t, op=hvd.Sum, name="check.mpi"), rank, size,
-              "the MPI controller")
-    mpi = {}
-    for name, _n in sizes:
-        t = bufs[name]
-        mpi[name] = timed(lambda: hvd.allreduce_(t, op=hvd.Sum, name=f"m.{name}"), args.iters)
-    hvd.shutdown()
     if rank == 0:
-        print(f"\nallreduce (sum, float32, in place), {size} ranks, median of {args.iters} "
-              f"(Gloo peers: median of {args.rounds} alternating rounds)")
-        print(f"| size | hvdcompat Gloo controller | torch.distributed gloo | hvdcompat MPI "
-              f"controller | Gloo ctl / torch gloo | MPI ctl / torch gloo |")
+        print(f"\nallreduce (sum, float32, in place), {size} ranks, {args.rounds} rounds of "
+              f"{args.iters} calls per row and peer (median of the rounds' medians); "
+              f"load average {start_load} at the start, {load()} at the end")
+        print("| size | hvdcompat Gloo controller | torch.distributed gloo | hvdcompat MPI "
+              "controller | Gloo ctl / torch gloo | MPI ctl / torch gloo |")
         print("|---|---|---|---|---|---|")
-        for name, nbytes in sizes:
-            o = statistics.median(ours[name])
-            g = statistics.median(torch_gloo[name])
-            m = mpi[name]
+        for name, tensors in rows:
+            nbytes = sum(t.numel() * 4 for t in tensors)
+            o, g, m = (statistics.median(times[peer][name])
+                       for peer in ("gloo_ctl", "torch", "mpi_ctl"))
 
             def cell(sec):
                 return f"{sec * 1e3:.3f} ms ({nbytes / sec / 1e9:.2f} GB/s)"
 
             print(f"| {name} | {cell(o)} | {cell(g)} | {cell(m)} | {o / g:.2f}x | {m / g:.2f}x |")
+        if not args.no_resnet:
+            print(f"{RESNET}: 161 tensors, 25,557,032 floats, all submitted, then all waited for "
+                  "(hvdcompat fuses them; torch gloo: one all_reduce each)")
         print("sums checked on every rank: Gloo controller, torch gloo, MPI controller")
 
 
