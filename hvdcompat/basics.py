@@ -232,6 +232,20 @@ def _elastic_reset():
         return survivors
 
 
+def _leave_elastic_job():
+    """This process leaves the elastic job, whose host was removed (Note [Elastic reset on Gloo]).
+
+    On Gloo the others' next reset is told not to wait for it, and it
+    returns once they agreed on their world; on MPI their shrink finds out.
+    Never raises: the process leaves either way.
+    """
+    with _lifecycle_lock:
+        try:
+            _core.elastic_leave()
+        except Exception:  # noqa: BLE001 - leaving regardless
+            pass
+
+
 def _exit_as_failed_rank():
     """Makes this process end as a failed rank when it exits (elastic training, ULFM).
 

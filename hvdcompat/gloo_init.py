@@ -14,7 +14,8 @@ import sys
 from hvdcompat import rendezvous as _rdzv
 from hvdcompat import store as _store
 
-__all__ = ["NO_GLOO", "prepare", "gloo_built", "engine_spans_launch", "bind_address"]
+__all__ = ["NO_GLOO", "prepare", "gloo_built", "engine_spans_launch", "bind_address",
+           "joined_running_job"]
 
 NO_GLOO = ("this build has no Gloo controller (hvdcompatrun --check-build shows '[ ] Gloo'), so "
            "hvd.init() cannot run without an MPI launcher. Launch with hvdcompatrun or mpirun, "
@@ -27,6 +28,7 @@ class _GlooProcess:
     def __init__(self):
         self.inits = 0      # Gloo inits so far: each uses fresh keys in the store
         self.server = None  # the store rank 0 serves when no launcher agent does
+        self.joined = False  # the first init joined a running elastic job
 
 
 _process = _GlooProcess()
@@ -164,6 +166,22 @@ def prepare(core, environ, process=None):
     prefix = _store.key_prefix(launch.attempt, process.inits)
     process.inits += 1
     client = _open_store(launch, prefix, process)
+    if launch.join:
+        if controller != "gloo" or process.inits > 1:
+            raise ValueError(
+                f"hvd.init() on worker {launch.join}, which hvdcompatrun started to join a "
+                "running elastic job: it can only join on the Gloo controller, at its first "
+                "hvd.init() (HOROVOD_CONTROLLER is mpi, or hvd.init() ran again after "
+                "hvd.shutdown()); leave HOROVOD_CONTROLLER unset and call hvd.init() once")
+        # Its rank, size and process sets come from the job's next reset
+        # (Note [Growing in place on Gloo] in cpp/engine/gloo_reset.h).
+        from hvdcompat.elastic import notifications
+
+        notifications.forget_earlier_removals()
+        process.joined = True
+        return {"controller": "gloo", "store": client, "gloo_join": launch.join,
+                "hostname": launch.hostname, "gloo_iface": launch.iface,
+                "gloo_hostname": bind_address(launch), "gloo_timeout_s": launch.timeout_s}
     _agree(client, launch, controller)
     if controller == "mpi":
         if launch.size > 1:
@@ -210,6 +228,11 @@ def bind_address(launch, hostname=None):
             return s.getsockname()[0]
     except OSError:
         return ""
+
+
+def joined_running_job():
+    """Whether this process's hvd.init() joined a running elastic job (a worker on an added host)."""
+    return _process.joined
 
 
 def _require_gloo(core):

@@ -205,7 +205,9 @@ def _after_init(static, session):
     for ps, ranks in static.assignments:
         if ps.mpi_comm is not None:
             ps.ranks = ranks
-        ps.process_set_id = None if ranks is None else ids[tuple(sorted(ranks))]
+        # (A worker that joined a running job in place takes the job's sets:
+        # its own argument may name one the job does not have.)
+        ps.process_set_id = None if ranks is None else ids.get(tuple(sorted(ranks)))
         if ps.process_set_id is not None:
             session.process_sets.add(ps)
 

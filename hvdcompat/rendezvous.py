@@ -106,6 +106,9 @@ class GlooLaunch:
     attempt: int = 0          # torchrun's restart count: a new attempt uses new keys
     agent_store: bool = True  # the launcher serves the store (else rank 0 must)
     launcher: str = ""        # "hvdcompatrun --gloo" or "torchrun", for messages
+    # A worker hvdcompatrun started on a host added to a running elastic job:
+    # its name (HVDCOMPAT_ELASTIC_JOIN); rank and size come from the job then.
+    join: str = ""
 
 
 def _int(environ, name, *, required, low=None, below=None):
@@ -151,6 +154,12 @@ def _interface(environ):
     return environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
 
 
+def _join(environ):
+    from hvdcompat._ext import _core  # the knob table
+
+    return _core.setting("ELASTIC_JOIN", environ).strip()
+
+
 def gloo_launch(environ=None):
     """This rank's :class:`GlooLaunch`, from the launch's variables.
 
@@ -161,6 +170,16 @@ def gloo_launch(environ=None):
     timeout = _timeout(environ)
     iface = _interface(environ)
     if launched_by_gloo_launcher(environ):
+        join = _join(environ)
+        if join:
+            # Note [Growing in place on Gloo] (cpp/engine/gloo_reset.h).
+            return GlooLaunch(
+                rank=-1, size=-1, hostname=environ.get("HOROVOD_HOSTNAME", "").strip(),
+                iface=iface, store_host=environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"].strip(),
+                store_port=_int(environ, "HOROVOD_GLOO_RENDEZVOUS_PORT", required=True, low=1,
+                                below=65536),
+                store_source="HOROVOD_GLOO_RENDEZVOUS_ADDR:HOROVOD_GLOO_RENDEZVOUS_PORT",
+                timeout_s=timeout, launcher="hvdcompatrun --gloo", join=join)
         size = _int(environ, "HOROVOD_SIZE", required=True, low=1)
         local_size = _int(environ, "HOROVOD_LOCAL_SIZE", required=False, low=1)
         cross_size = _int(environ, "HOROVOD_CROSS_SIZE", required=False, low=1)

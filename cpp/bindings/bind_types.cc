@@ -171,7 +171,8 @@ void BindArguments(py::module_& m) {
                        py::object store, int rank, int size, int local_rank, int local_size,
                        int cross_rank, int cross_size, std::string hostname,
                        std::string gloo_iface, std::string gloo_hostname, double gloo_timeout_s,
-                       std::optional<std::string> comm_text, std::string comm_refused) {
+                       std::optional<std::string> comm_text, std::string comm_refused,
+                       std::string gloo_join) {
              InitOptions o;
              // Note [Agreeing on init's comm]: hvd.init passes how its comm reads.
              o.agree_on_comm = comm_text.has_value();
@@ -182,9 +183,19 @@ void BindArguments(py::module_& m) {
                                      controller + "'");
              }
              o.controller = std::move(controller);
-             o.gloo = GlooOptions{WrapPythonStore(std::move(store)), rank, size, local_rank,
-                                  local_size, cross_rank, cross_size, std::move(hostname),
-                                  std::move(gloo_iface), std::move(gloo_hostname), gloo_timeout_s};
+             GlooOptions& g = o.gloo;
+             g.store = WrapPythonStore(std::move(store));
+             g.rank = rank;
+             g.size = size;
+             g.local_rank = local_rank;
+             g.local_size = local_size;
+             g.cross_rank = cross_rank;
+             g.cross_size = cross_size;
+             g.hostname = std::move(hostname);
+             g.iface = std::move(gloo_iface);
+             g.bind_host = std::move(gloo_hostname);
+             g.timeout_s = gloo_timeout_s;
+             g.join = std::move(gloo_join);
              // A Fortran handle (mpi4py's Comm.py2f()): the one form of a
              // communicator that every MPI defines as an integer. MPI_Comm
              // itself is a pointer in Open MPI and an int in the MPICH family.
@@ -212,7 +223,7 @@ void BindArguments(py::module_& m) {
            py::arg("cross_rank") = -1, py::arg("cross_size") = -1, py::arg("hostname") = "",
            py::arg("gloo_iface") = "", py::arg("gloo_hostname") = "",
            py::arg("gloo_timeout_s") = 30.0, py::arg("comm_text") = py::none(),
-           py::arg("comm_refused") = std::string())
+           py::arg("comm_refused") = std::string(), py::arg("gloo_join") = std::string())
       .def_readonly("controller", &InitOptions::controller)
       .def_property_readonly("gloo_timeout_s",
                              [](const InitOptions& o) { return o.gloo.timeout_s; })

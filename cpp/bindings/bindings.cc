@@ -173,6 +173,8 @@ PYBIND11_MODULE(_core, m) {
         "Stops the runtime; calls still inside it fail with its shutdown error first.");
   m.def("elastic_reset", &CoreElasticReset, Release(),
         "Rebuilds the runtime from the surviving ranks, in place (collective over survivors).");
+  m.def("elastic_leave", &CoreElasticLeave, Release(),
+        "Leaves the elastic job (host removed): the others' next reset does not wait for it.");
   m.def("fault_tolerance_enabled", [] { return FaultToleranceEnabled(); },
         "Whether MPI runs with ULFM enabled (mpirun --with-ft ulfm).");
   m.def("abort", [](int code) {

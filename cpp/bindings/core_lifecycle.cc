@@ -104,6 +104,9 @@ void CoreInit(InitOptions opts) {
   // Note [Gloo controller]: MPI is never initialised on Gloo.
   if (opts.controller != "gloo" && MpiContext::EnsureInitialized(&provided)) core.mpi_owned = true;
   opts.continue_timeline = core.started_before;
+  // Note [Growing in place on Gloo] (engine/gloo_reset.h): a worker added to a
+  // running elastic job waits to be taken in at its next reset.
+  if (opts.controller == "gloo" && !opts.gloo.join.empty()) AwaitGlooJoin(&opts);
   auto rt = std::make_shared<Runtime>(opts);
   core.started_before = true;
   std::lock_guard<std::mutex> lock(core.mu);
@@ -168,6 +171,18 @@ std::vector<int> CoreElasticReset() {
   // still using it (it does not wait for them: they fail, as it is stopped).
   old.reset();
   return r.survivors;
+}
+
+void CoreElasticLeave() {
+  Core& core = TheCore();
+  std::lock_guard<std::mutex> life(core.lifecycle);
+  std::shared_ptr<Runtime> rt;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    rt = core.runtime;
+  }
+  // Under MPI the survivors' shrink finds out by itself.
+  if (rt && rt->on_gloo()) LeaveGlooJob(*rt);
 }
 
 void CoreFinalize() {

@@ -118,6 +118,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Directory of the elastic driver's host notices and the ranks' completion marks."},
       {Knob::kElasticHost, "ELASTIC_HOST", false, "", "name",
        "This rank's host name as host discovery lists it (default: the machine's name)."},
+      {Knob::kElasticJoin, "ELASTIC_JOIN", false, "", "name",
+       "Set by hvdcompatrun --gloo on a worker it starts on a host added to a running elastic "
+       "job: hvd.init() waits to be taken into that job at its next reset (the worker's name)."},
       {Knob::kThreadAffinity, "THREAD_AFFINITY", true, "", "cores",
        "Comma-separated cores, one per local rank: local rank i's engine threads run on the "
        "i-th (empty: not pinned)."},

@@ -57,6 +57,7 @@ enum class Knob : int {
   kElasticResetLimit,
   kElasticDir,
   kElasticHost,
+  kElasticJoin,
   kThreadAffinity,
   kWaitSpinMicros,
   kElastic,

@@ -65,8 +65,10 @@ bool FaultToleranceEnabled() {
 }
 
 void KeepSurvivingSets(const std::vector<std::pair<int, std::vector<int>>>& old_sets,
-                       const std::vector<int>& survivors, InitOptions* options) {
+                       const std::vector<int>& survivors, InitOptions* options,
+                       int world_size) {
   InitOptions& opts = *options;
+  const size_t world = world_size < 0 ? survivors.size() : static_cast<size_t>(world_size);
   std::map<int, int> new_rank;  // old world rank -> new world rank
   for (size_t i = 0; i < survivors.size(); ++i) new_rank[survivors[i]] = static_cast<int>(i);
   for (const auto& [id, ranks] : old_sets) {
@@ -77,7 +79,7 @@ void KeepSurvivingSets(const std::vector<std::pair<int, std::vector<int>>>& old_
     }
     // A set that lost every member, or now equals another set or the whole
     // world, is dropped: a set must be distinct to be registered.
-    bool duplicate = kept.size() == survivors.size() ||
+    bool duplicate = kept.size() == world ||
                      std::find(opts.process_sets.begin(), opts.process_sets.end(), kept) !=
                          opts.process_sets.end();
     if (kept.empty() || duplicate) {

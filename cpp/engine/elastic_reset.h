@@ -68,9 +68,12 @@ struct ResetResult {
 std::vector<std::pair<int, std::vector<int>>> RegisteredSets(const Runtime& rt);
 // Adds to `options` the sets of `old_sets` with their members among
 // `survivors` (old ranks, in new-rank order), renumbered, keeping their ids;
-// a set left empty or equal to another (or to the world) is dropped.
+// a set left empty or equal to another (or to the world) is dropped. The new
+// world has `world_size` ranks (-1: the survivors alone; more when workers
+// join after them, Note [Growing in place on Gloo]).
 void KeepSurvivingSets(const std::vector<std::pair<int, std::vector<int>>>& old_sets,
-                       const std::vector<int>& survivors, InitOptions* options);
+                       const std::vector<int>& survivors, InitOptions* options,
+                       int world_size = -1);
 
 // Steps 1-3 of Note [Elastic reset]. `old` is stopped but left alive for
 // threads still holding it. Throws CommunicationError when the shrink fails

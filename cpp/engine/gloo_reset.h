@@ -20,13 +20,16 @@ namespace hvdcompat {
 // the generation counting resets, the same on every survivor):
 //  1. Stop the old runtime (as under MPI); its pending ops have failed
 //     already (Note [Lost peers on Gloo]).
-//  2. Every survivor writes alive/<old rank>. The first to add 1 to
-//     "decider" decides: it waits up to the Gloo timeout for the ranks its
-//     watch did not find lost, then writes "world", the old ranks whose
-//     alive key is there, ascending (so the oldest survivor becomes rank 0
-//     and relative order is kept, as MPIX_Comm_shrink does). A rank its
-//     watch missed costs one timeout; one that was wrongly thought lost is
-//     still in the world when it arrived in time.
+//  2. Every survivor writes alive/<old rank> and settled/<old rank>; a
+//     rank that leaves on purpose (its host was removed, LeaveGlooJob)
+//     writes only settled/<old rank>. The first survivor to add 1 to
+//     "decider" decides: it waits up to the Gloo timeout for the settled
+//     keys of the ranks its watch did not find lost, then writes "world",
+//     the old ranks whose alive key is there, ascending (so the oldest
+//     survivor becomes rank 0 and relative order is kept, as
+//     MPIX_Comm_shrink does). A rank its watch missed costs one timeout;
+//     one that was wrongly thought lost is still in the world when it
+//     arrived in time.
 //  3. Every survivor reads "world" and, when it is in it, joins a new Gloo
 //     job of that size under the new prefix (join/, mesh/ keys as at init;
 //     local and cross ranks from the host names) with the process sets'
@@ -34,15 +37,56 @@ namespace hvdcompat {
 //     is not in the world: its reset fails and it leaves the job.
 // Without a lost rank the world keeps its size (a reset after
 // HostsUpdatedInterrupt with only removed hosts' ranks gone takes the same
-// path: they have left by then).
+// path: they have left by then). Workers waiting to join are taken in at
+// step 2 (Note [Growing in place on Gloo]).
+
+// Note [Growing in place on Gloo]
+// A worker that hvdcompatrun starts on a host added to a running elastic job
+// (GlooOptions::join set) does not form a world of its own at hvd.init():
+//  1. It counts itself in "grow/count" (its index i is the count before),
+//     writes "grow/<i>" (its worker name and host) and waits for
+//     "grow/<i>/world", as long as the store answers. The launcher sees the
+//     count and, once every worker it started there is waiting, tells rank 0
+//     that hosts were added; at the next commit every rank raises
+//     HostsUpdatedInterrupt and resets.
+//  2. The decider of a reset (step 2 above), after the survivors, takes the
+//     workers counted since the last reset ("grow/taken" .. "grow/count"):
+//     they get the ranks after the survivors, in the order they came, so the
+//     oldest survivor stays rank 0 and the state is synced from a running
+//     worker, never from a new one. "world" says "<old ranks>|<new
+//     workers>"; each new worker's "grow/<i>/world" gives the new world's
+//     generation, its rank and size, and the process sets every rank
+//     registers (the survivors' sets, renumbered; ids kept).
+//  3. Survivors and new workers build the new world's Gloo job under
+//     "reset/<generation>/" together, as a reset does.
+// The keys live under the store prefix of the job's first hvd.init(), which
+// a new worker's first hvd.init() uses too. A worker counted but gone before
+// it wrote "grow/<i>" is left out after the Gloo timeout; one that
+// hvdcompatrun stops while it waits (its host was removed) is marked
+// "grow/<i>/gone" first and left out.
 
 struct GlooResetResult {
   std::shared_ptr<Runtime> runtime;
   std::vector<int> survivors;  // old ranks, in new-rank order
+  int joined = 0;              // new workers, ranks survivors.size() and up
 };
 
 // Throws LibraryError when the store fails or this rank is not among the
 // survivors the decider saw.
 GlooResetResult RebuildGlooFromSurvivors(const std::shared_ptr<Runtime>& old);
+
+// Step 1 of Note [Growing in place on Gloo]: blocks until a reset of the
+// running job takes this worker in, then fills `opts` (the Gloo rank, size,
+// key prefix and generation; the process sets) for the new world's Runtime.
+// Throws LibraryError when the store stops answering.
+void AwaitGlooJoin(InitOptions* opts);
+
+// A rank that leaves the job at the next reset (its host was removed) stops
+// its runtime as the survivors stop theirs (step 1), writes its settled key
+// of that reset, so the decider does not wait the Gloo timeout for it, and
+// waits until the others have agreed on their world (they have stopped their
+// runtimes then, so its closing sockets are no loss to them). Never throws:
+// the rank leaves either way.
+void LeaveGlooJob(Runtime& rt);
 
 }  // namespace hvdcompat

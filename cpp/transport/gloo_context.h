@@ -52,6 +52,9 @@ struct GlooOptions {
   // init, "reset/<generation>/" for the world an elastic reset builds.
   std::string key_prefix;
   int generation = 0;  // elastic resets before this world
+  // Not empty: this worker joins a running elastic job (its name for the
+  // launcher; Note [Growing in place on Gloo], engine/gloo_reset.h).
+  std::string join;
 };
 
 // Returns what a gloo/std exception says, prefixed by `what`, as a

@@ -1,8 +1,10 @@
-"""Elastic training: ``hvd.elastic`` (Horovod's ``horovod.torch.elastic`` API) on MPI.
+"""Elastic training: ``hvd.elastic`` (Horovod's ``horovod.torch.elastic`` API).
 
 A lost rank becomes :class:`HorovodInternalError`; :func:`run` restores the
-last commit and continues with the survivors in place (Open MPI's ULFM, under
-``hvdcompatrun --fault-tolerant`` or any elastic flag).
+last commit and continues with the survivors in place (on MPI through Open
+MPI's ULFM, under ``hvdcompatrun --fault-tolerant`` or any elastic flag; on
+Gloo through the launcher's store). Hosts that discovery adds join by a
+restart from the last commit on MPI, in place on Gloo.
 """
 
 from hvdcompat.elastic.common import HostUpdateResult, ObjectState, State

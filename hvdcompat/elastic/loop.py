@@ -6,6 +6,7 @@ import sys
 import time
 
 from hvdcompat import _session, basics
+from hvdcompat import gloo_init as _gloo
 from hvdcompat.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["run", "run_fn", "reset", "last_reset_seconds", "last_restart",
@@ -17,7 +18,7 @@ RESTART_EXIT_CODE = 75
 RESTART_STATE = "restart.pt"  # in HVDCOMPAT_ELASTIC_DIR, written by rank 0
 RESTART_MARK = "restart"      # written by rank 0 once RESTART_STATE is complete
 LOST_RANKS = "lost"           # "<time> <rank,rank>" lines rank 0 writes after a shrink
-# Written by hvdcompatrun's elastic driver (hvdcompat/runner/elastic/driver.py): DRIVER_MARK
+# Written by hvdcompatrun's elastic driver (hvdcompat/runner/elastic/): DRIVER_MARK
 # when it makes the directory, RESTART_EXPECTED (the restart mark's time) before
 # it relaunches the job to continue from RESTART_STATE.
 DRIVER_MARK = "driver"
@@ -65,6 +66,7 @@ def _leave_if_host_removed():
     if notifications.host_removed():
         print(f"hvdcompat: host {notifications.this_host()} was removed by host discovery; "
               f"rank {basics.rank()} leaves the job", flush=True)
+        basics._leave_elastic_job()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # as a lost rank: no shutdown, no MPI_Finalize
@@ -284,14 +286,24 @@ def reset():
     return survivors
 
 
-def _agree_on_skip_sync(skip_sync):
-    """True only when every rank of the new world may skip the sync (Horovod issue #3494)."""
+def _agree_after_reset(skip_sync, resets):
+    """(skip the sync, resets so far) as every rank of the new world agrees.
+
+    The sync is skipped only when every rank may skip it (Horovod issue
+    #3494); the reset count is the highest any rank has (a worker that joined
+    in place has none of its own).
+    """
     import torch
 
     from hvdcompat.ops import allreduce
 
-    flag = torch.tensor([1 if skip_sync else 0], dtype=torch.int32)
-    return bool(allreduce(flag, name="elastic.skip_sync", op=basics.Min).item())
+    mine = torch.tensor([1 if skip_sync else 0, -resets], dtype=torch.int64)
+    low = allreduce(mine, name="elastic.skip_sync", op=basics.Min)
+    return bool(low[0].item()), int(-low[1].item())
+
+
+def _on_gloo():
+    return bool(getattr(basics._core, "gloo_enabled", bool)())
 
 
 def run_fn(func, reset_fn):
@@ -306,13 +318,20 @@ def run_fn(func, reset_fn):
         skip_sync = False
         reset_required = False
         grow = False
-        # This launch's ranks, in current-rank order (the lost ones are reported).
-        world = list(range(basics.size())) if basics._core.is_initialized() else []
+        # A worker that joined a running job in place (Note [Growing in place
+        # on Gloo]) meets the others where their reset left them: at the
+        # agreement after it, then the sync from their rank 0.
+        agree = _gloo.joined_running_job()
+        # This launch's ranks, in current-rank order (the lost ones are
+        # reported). On Gloo hvdcompatrun sees its workers end itself.
+        world = list(range(basics.size())) \
+            if basics._core.is_initialized() and not _on_gloo() else []
         try:
-            _check_elastic_dir()
-            restarted = _restore_after_restart(state)
-            if restarted:
-                resets = restarted["resets"]
+            if not agree:
+                _check_elastic_dir()
+                restarted = _restore_after_restart(state)
+                if restarted:
+                    resets = restarted["resets"]
             while True:
                 if reset_required:
                     resets += 1
@@ -327,11 +346,13 @@ def run_fn(func, reset_fn):
                     if isinstance(survivors, list) and world:
                         world = _report_lost(world, survivors)
                     state.on_reset()
+                    agree = True
                 try:
-                    if reset_required:
+                    if agree:
                         # Ranks may have left func by different exceptions:
                         # all sync unless all may skip it.
-                        skip_sync = _agree_on_skip_sync(skip_sync)
+                        skip_sync, resets = _agree_after_reset(skip_sync, resets)
+                        agree = False
                     if not skip_sync:
                         state.sync()
                     grow = False
@@ -343,8 +364,9 @@ def run_fn(func, reset_fn):
                     skip_sync = False
                 except HostsUpdatedInterrupt as e:
                     skip_sync = e.skip_sync
+                    # On Gloo added hosts' workers join at the reset, in place.
                     grow = bool(getattr(state, "_host_update", 0) & HostUpdateResult.added) \
-                        and _elastic_dir() is not None
+                        and _elastic_dir() is not None and not _on_gloo()
                 reset_required = True
         except Exception:
             # This rank leaves elastic training on an error: it must end as a

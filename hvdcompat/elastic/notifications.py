@@ -15,11 +15,17 @@ that follows, a rank whose host was removed leaves the job
 import os
 import socket
 
-from hvdcompat.basics import _core, rank
+# Only the core: hvd.init() on a worker that joins a running job calls
+# forget_earlier_removals (hvdcompat/gloo_init.py), below hvdcompat.basics.
+from hvdcompat._ext import _core
 
-__all__ = ["poll", "host_removed", "this_host", "notices_path"]
+__all__ = ["poll", "host_removed", "forget_earlier_removals", "this_host", "notices_path"]
 
 _offset = [0]  # bytes of the notices file already read by this process
+# Where this process's removals start: a worker that joined a running job in
+# place skips the notices written before it came (about the workers that ran
+# on its host before it; hvdcompatrun starts none there while they live).
+_removals_from = [0]
 
 
 def notices_path():
@@ -50,7 +56,7 @@ def _lines(start=0):
 
 def poll(state):
     """Queues the notices written since the last poll on ``state`` (rank 0 only)."""
-    if rank() != 0:
+    if _core.rank() != 0:
         return
     _offset[0], lines = _lines(_offset[0])
     for fields in lines:
@@ -58,8 +64,13 @@ def poll(state):
             state.on_hosts_updated(float(fields[0]), int(fields[1]))
 
 
+def forget_earlier_removals():
+    """Makes :func:`host_removed` look only at notices written from now on."""
+    _removals_from[0], _ = _lines(_removals_from[0])
+
+
 def host_removed():
-    """Whether any notice so far removed this rank's host."""
-    _, lines = _lines()
+    """Whether any notice so far (since :func:`forget_earlier_removals`) removed this rank's host."""
+    _, lines = _lines(_removals_from[0])
     me = this_host()
     return any(len(f) >= 3 and me in f[2].split(",") for f in lines)

@@ -267,7 +267,7 @@ def loop(monkeypatch):
     from hvdcompat.elastic import loop as loop_mod
 
     exits = []
-    monkeypatch.setattr(loop_mod, "_agree_on_skip_sync", lambda skip: skip)
+    monkeypatch.setattr(loop_mod, "_agree_after_reset", lambda skip, resets: (skip, resets))
     monkeypatch.setattr(loop_mod.basics, "_exit_as_failed_rank", lambda: exits.append(1))
     monkeypatch.delenv("HVDCOMPAT_ELASTIC_RESET_LIMIT", raising=False)
     return loop_mod, exits

@@ -144,6 +144,9 @@ PROCESS_STATE = {
     ("hvdcompat.elastic.notifications", "_offset"):
         "the part of the driver's notices file this process has read; a reset must not read "
         "the old notices again",
+    ("hvdcompat.elastic.notifications", "_removals_from"):
+        "where the notices about this process begin (a worker that joined a running job skips "
+        "the removals of its host's earlier workers): fixed for the process",
 }
 
 _MUTATORS = frozenset({
