@@ -18,6 +18,10 @@ prints a checksum of its model (identical on every rank); rank 0 prints the
 time from a death to the first batch trained after it, and from hosts being
 added (the launcher's notice) to the first batch of the restarted job.
 
+On the Gloo controller (``hvdcompatrun --gloo``) a host that discovery adds gets
+new workers that join at the next commit while the running ones keep going
+(their processes, data and memory stay); rank 0 syncs the state to them.
+
 ``--hold-at EPOCH:BATCH,...`` makes the job wait before that batch,
 committing every 0.2 s, until the hosts change (so a discovery script, or a
 test, can change them at a known point of training); rank 0 writes
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import tempfile
 import time
 
@@ -37,6 +42,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import hvdcompat as hvd  # was: import horovod.torch as hvd
+
+STARTED = time.time()  # when this process started (a restart on new hosts starts new ones)
 
 
 class GeneratedDigits(Dataset):
@@ -108,6 +115,9 @@ def main():
     if args.simulate_hosts:
         names = args.simulate_hosts.split(",")
         os.environ["HVDCOMPAT_ELASTIC_HOST"] = names[int(os.environ["OMPI_COMM_WORLD_RANK"])]
+    if args.report_dir:  # every process that starts, with its host (a restart starts new ones)
+        with open(os.path.join(args.report_dir, "starts"), "a") as f:
+            f.write(f"{os.getpid()} {socket.gethostname()} {STARTED:.3f}\n")
     hvd.init()
     first_rank = hvd.rank()  # ranks change when others are lost; this is who we were
     torch.manual_seed(0)
@@ -122,9 +132,16 @@ def main():
     # restart on new hosts); held: the (epoch, batch) holds that are over.
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, tally=tally, epoch=0,
                                    batch=0, log=(), held=())
-    # Where the failing rank notes the time of its death (one machine or a shared clock).
-    shared = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvd-elastic-")
-                                  if hvd.rank() == 0 else None, name="elastic.example.dir")
+    # Where the failing rank notes the time of its death (one machine or a shared clock):
+    # under hvdcompatrun's elastic flags, in its directory, which every rank sees and which
+    # needs no collective here (workers that join a running job must not meet one before
+    # train() does).
+    if os.environ.get("HVDCOMPAT_ELASTIC_DIR"):
+        shared = os.path.join(os.environ["HVDCOMPAT_ELASTIC_DIR"], "example")
+        os.makedirs(shared, exist_ok=True)
+    else:
+        shared = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvd-elastic-")
+                                      if hvd.rank() == 0 else None, name="elastic.example.dir")
     failures = [f.split(":") for f in args.inject_failure.split(",") if f]
     timing = {"detected": None, "resumed": None, "grown": None}
     holds = {tuple(map(int, h.split(":"))) for h in args.hold_at.split(",") if h}
@@ -251,6 +268,7 @@ def main():
     if args.report_dir:
         with open(os.path.join(args.report_dir, f"rank{first_rank}.json"), "w") as f:
             json.dump({"first_rank": first_rank, "rank": hvd.rank(), "size": hvd.size(),
+                       "pid": os.getpid(), "started": STARTED,
                        "checksum": final, "epochs": list(state.log), "recovery": recovery,
                        "grown": timing["grown"],
                        "restarted": hvd.elastic.last_restart() is not None}, f)

@@ -69,12 +69,21 @@ class OutputRelay:
         self.mpi_aborted = set()  # ranks MPI itself aborted on an error
         self.line_open = {}  # fd -> whether its output ends inside a line
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._pump, args=p, daemon=True) for p in pairs]
-        for t in self._threads:
+        self._threads = []
+        self.add(pairs)
+
+    def add(self, pairs):
+        """Relays more streams (a worker started later): (readable file object, our fd) pairs."""
+        threads = [threading.Thread(target=self._pump, args=p, daemon=True) for p in pairs]
+        with self._lock:
+            self._threads += threads
+        for t in threads:
             t.start()
 
     def join(self, timeout=None):
-        for t in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout)
 
     def _pump(self, src, fd):

@@ -4,8 +4,9 @@
     hvdcompatrun --gloo -np 8 -H node1:4,node2:4 python train.py
 
 The launcher serves a ``torch.distributed.TCPStore`` (hvdcompat/store.py),
-starts every rank itself (a local subprocess, or ``ssh`` for another host)
-under the rank supervisor that reports how it ended, and gives each rank
+starts every rank itself (a local subprocess, or ``ssh`` for another host;
+hvdcompat/runner/gloo_workers.py) under the rank supervisor that reports how
+it ended, and gives each rank
 Horovod's Gloo-mode variables (:func:`rank_environment`). The environment
 forwarding (hvdcompat/runner/environment.py) and the exit report
 (hvdcompat/runner/exit_report.py) are the MPI launch's. When a rank fails,
@@ -18,11 +19,8 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -31,10 +29,11 @@ from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner.errors import LaunchError
+from hvdcompat.runner.gloo_workers import WorkerPool
 
 __all__ = ["add_gloo_arguments", "check_gloo_args", "RankSpec", "place_ranks",
-           "rank_environment", "rank_command", "store_address", "run_gloo", "failure_line",
-           "FAILURE_GRACE_SECONDS"]
+           "rank_environment", "rank_command", "store_address", "WorkerStarter", "run_gloo",
+           "failure_line", "FAILURE_GRACE_SECONDS"]
 
 # After the first rank fails, how long the others may take to notice and end
 # on their own (printing which peer they lost) before they are stopped.
@@ -238,68 +237,59 @@ def rank_command(spec, command, supervisor, cwd, ssh_port=None, ssh_identity_fil
     return ssh + [spec.host, remote]
 
 
-def _send_token(proc, token):
-    """Writes the report secret to ssh's standard input and closes it (the rank then reads EOF)."""
-    try:
-        proc.stdin.write((token + "\n").encode())
-        proc.stdin.close()
-    except OSError:
-        pass  # ssh already ended: _wait reports the rank's failure
-
-
 def _is_python(exe):
     return bool(re.match(r"^(python|pypy)[0-9.]*$", os.path.basename(exe)))
 
 
-class _Outputs:
-    """Per-rank output files under --output-filename (DIR/rank.N/stdout, stderr)."""
+class WorkerStarter:
+    """What starting one worker of a ``--gloo`` launch takes: its command, environment, store.
 
-    def __init__(self, directory):
-        self.directory = directory
+    Args:
+        command, environ, nics, ssh: from the launcher's plan (see :func:`run_gloo`).
+        supervisor: path of rank_supervisor.py.
+        store_port, timeout_s, start_timeout: the store's port, the Gloo timeout,
+            ssh's connect timeout.
+        store_host: the store's address for every worker, or None to pick it per
+            worker (:func:`store_address` of that worker alone: loopback here, the
+            route toward its host elsewhere), as an elastic job that may grow does.
+        verbose: print each worker's command.
+    """
 
-    def pipes(self, rank):
-        if not self.directory:
-            return None
-        path = os.path.join(self.directory, f"rank.{rank}")
-        os.makedirs(path, exist_ok=True)
-        return (open(os.path.join(path, "stdout"), "wb"), open(os.path.join(path, "stderr"), "wb"))
+    def __init__(self, command, environ, nics, ssh, supervisor, store_port, timeout_s,
+                 start_timeout, store_host=None, verbose=False):
+        self.command, self.environ, self.nics, self.ssh = command, environ, nics, ssh
+        self.supervisor, self.store_port, self.timeout_s = supervisor, store_port, timeout_s
+        self.start_timeout, self.store_host, self.verbose = start_timeout, store_host, verbose
+        self.cwd = os.getcwd()
 
+    def start(self, pool, spec, np, master=None, extra_env=None, joining=False, without=()):
+        """Starts the worker of `spec` in `pool` (a WorkerPool); returns its Worker.
 
-def _tee_fd(target_fd, copy):
-    """A pipe whose data goes to `target_fd` and to file `copy` (a thread copies it)."""
-    import threading
+        Args:
+            np: the world size the launch gives it (HOROVOD_SIZE).
+            master: see :func:`rank_environment`.
+            extra_env: variables added last (an added host's worker: its join name).
+            joining: it joins a running elastic job.
+            without: variables left out (a joining worker's place comes from the job).
 
-    r, w = os.pipe()
-
-    def pump():
-        with os.fdopen(r, "rb", buffering=0) as src:
-            while True:
-                data = src.read(65536)
-                if not data:
-                    break
-                _exit_report._write_all(target_fd, data)
-                copy.write(data)
-                copy.flush()
-        copy.close()
-
-    threading.Thread(target=pump, daemon=True).start()
-    return w
-
-
-def _stop_all(procs):
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        alive = [p for p in procs if p.poll() is None]
-        for p in alive:
-            try:
-                p.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        for p in alive:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        Raises:
+            OSError: it could not be started.
+        """
+        host = self.store_host or store_address([spec], self.nics)
+        spec.env = rank_environment(spec, self.environ, host, self.store_port, self.timeout_s,
+                                    self.nics, np, master)
+        spec.env.update(extra_env or {})
+        for name in without:
+            spec.env.pop(name, None)
+        if spec.local:
+            spec.env[_supervisor.TOKEN_ENV] = pool.token
+        spec.argv = rank_command(spec, self.command, self.supervisor, self.cwd,
+                                 self.ssh["ssh_port"], self.ssh["ssh_identity_file"],
+                                 self.start_timeout)
+        if self.verbose:
+            print(f"hvdcompatrun: {'worker' if joining else 'rank'} {spec.rank} on {spec.host}: "
+                  f"{shlex.join(spec.argv)}", flush=True)
+        return pool.start(spec.rank, spec.host, spec.argv, spec.env, spec.local, joining)
 
 
 def run_gloo(args, command, plan_common, supervisor, driver=None):
@@ -309,10 +299,12 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
         plan_common: callable(args, command) -> (command, environ, hosts, np, nics, ssh)
             from the launcher (command checks, tuning variables, host lists).
         supervisor: path of rank_supervisor.py.
-        driver: the elastic driver (hvdcompat/runner/elastic.py) of a launch with
-            elastic flags: its variables go to every rank, a lost rank does not
-            stop the others (they shrink the job in place, Note [Elastic reset on
-            Gloo] in cpp/engine/gloo_reset.h), and the exit code is its verdict.
+        driver: the elastic driver (hvdcompat/runner/elastic/gloo_driver.py) of a
+            launch with elastic flags: its variables go to every worker, a lost
+            rank does not stop the others (they shrink the job in place, Note
+            [Elastic reset on Gloo] in cpp/engine/gloo_reset.h), hosts that
+            discovery adds get workers that join in place, and the exit code is
+            its verdict.
     """
     from hvdcompat import store as _store
 
@@ -325,73 +317,61 @@ def run_gloo(args, command, plan_common, supervisor, driver=None):
     timeout_s = args.gloo_timeout_seconds or _core.setting("GLOO_TIMEOUT_SECONDS", environ)
     start_timeout = args.start_timeout or _core.setting("START_TIMEOUT", environ)
     specs = place_ranks(hosts, np)
-    host = store_address(specs, nics)
+    # An elastic job may get workers on other hosts later: each is told the
+    # store's address as its own host reaches it.
+    spans = driver is not None and driver.may_add_hosts(hosts)
+    host = None if spans else store_address(specs, nics)
     try:
-        server, port = _store.serve("0.0.0.0" if host != "127.0.0.1" else "127.0.0.1", 0,
+        # (torch's store listens on every interface whatever it is given:
+        # docs/security.md.)
+        server, port = _store.serve("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0,
                                     timeout_s)
     except _store.StoreError as e:
         raise LaunchError(f"hvdcompatrun --gloo: {e}") from None
-    cwd = os.getcwd()
-    # The supervisors' report secret (Note [Report channel]): in the environment
-    # of a rank here, on ssh's standard input for a rank elsewhere.
-    token = secrets.token_hex(16)
+    starter = WorkerStarter(command, environ, nics, ssh, supervisor, port, timeout_s,
+                            start_timeout, store_host=host, verbose=args.verbose)
     master = None
     if all(spec.local for spec in specs):
         from hvdcompat.common.ports import free_port
 
         master = (environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT") or free_port())
-    for spec in specs:
-        spec.env = rank_environment(spec, environ, host, port, timeout_s, nics, np, master)
-        if spec.local:
-            spec.env[_supervisor.TOKEN_ENV] = token
-        spec.argv = rank_command(spec, command, supervisor, cwd, ssh["ssh_port"],
-                                 ssh["ssh_identity_file"], start_timeout)
-        if args.verbose:
-            print(f"hvdcompatrun: rank {spec.rank} on {spec.host}: {shlex.join(spec.argv)}",
-                  flush=True)
     if args.verbose:
-        print(f"hvdcompatrun: rendezvous store at {host}:{port}", flush=True)
-    outputs = _Outputs(args.output_filename)
-    procs, pairs = [], []
+        print(f"hvdcompatrun: rendezvous store at {host or 'this host'}:{port}", flush=True)
+    # The supervisors' report secret (Note [Report channel]).
+    pool = WorkerPool(secrets.token_hex(16), args.output_filename)
     try:
         for spec in specs:
-            files = outputs.pipes(spec.rank)
-            proc = subprocess.Popen(spec.argv, env=spec.env if spec.local else None,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL if spec.local else subprocess.PIPE,
-                                    start_new_session=True)
-            procs.append(proc)
-            if not spec.local:
-                _send_token(proc, token)
-            out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
-            if files:
-                out_fd, err_fd = _tee_fd(out_fd, files[0]), _tee_fd(err_fd, files[1])
-            pairs += [(proc.stdout, out_fd), (proc.stderr, err_fd)]
+            starter.start(pool, spec, np, master,
+                          extra_env=driver.worker_environment(spec.host) if driver else None)
     except OSError as e:
-        _stop_all(procs)
-        raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(procs)}: {e}") from None
-    # Every rank writes to our stdout/stderr: whole lines, so ranks never mix within one.
-    relay = _exit_report.OutputRelay(pairs, token=token, whole_lines=True)
+        pool.stop(pool.running())
+        raise LaunchError(f"hvdcompatrun --gloo: cannot start rank {len(pool.workers)}: {e}") \
+            from None
     placement = {}
     for spec in specs:
         placement.setdefault(spec.host, []).append(spec.rank)
-    code = _wait(procs, stop_on_failure=driver is None,
-                 survivors_done=lambda: relay.survivors_done(np, placement,
-                                                             _lost_hosts(relay, specs)))
-    relay.join(timeout=5)
-    del server
-    # The supervisors' reports say which rank failed first (and how); a rank
-    # whose engine reported a lost peer failed because of it.
-    code = _exit_report.first_failure_code(relay.reports, relay.lost_reporters) or code
+
+    def survivors_done():
+        # Every rank off the hosts the engines reported lost has ended.
+        return pool.relay.survivors_done(np, placement, _lost_hosts(pool.relay, specs))
+
     if driver is not None:
-        verdict = driver.verdict(code, started=np)
-        if verdict != 0:
-            line = _exit_report.summary(verdict, relay.reports, [], None)
-            if line:
-                sys.stdout.flush()
-                print(line, file=sys.stderr, flush=True)
-        return verdict
-    code, line = failure_line(code, relay, specs)
+        # The driver's view of the store: the keys of the workers' first hvd.init().
+        store = _store.TCPStoreClient.over(server, host or "127.0.0.1", port,
+                                           prefix=_store.key_prefix(0, 0), timeout_s=timeout_s,
+                                           source="hvdcompatrun's own store")
+        # (The driver stops what still runs once the final world finished.)
+        code = driver.verdict(driver.run(pool, starter, specs, store, hosts), started=np)
+        line = driver.failure_line(code) if code else None
+    else:
+        code = pool.wait(stop_on_failure=True, grace=FAILURE_GRACE_SECONDS,
+                         survivors_done=survivors_done)
+        # The supervisors' reports say which rank failed first (and how); a rank
+        # whose engine reported a lost peer failed because of it.
+        relay = pool.relay
+        code = _exit_report.first_failure_code(relay.reports, relay.lost_reporters) or code
+        code, line = failure_line(code, relay, specs)
+    del server
     if line:
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
@@ -424,52 +404,3 @@ def _lost_hosts(relay, specs):
     here = {spec.rank for spec in specs if spec.local}
     seen_from_here = [h for h in hosts if relay.lost_named_by.get(h, set()) & here]
     return seen_from_here or hosts
-
-
-def _wait(procs, stop_on_failure=True, survivors_done=None):
-    """Waits for every rank; after the first failure, FAILURE_GRACE_SECONDS, then stops the rest
-    (unless not `stop_on_failure`: an elastic job's survivors go on). Once
-    `survivors_done()` (every rank off the hosts the engines reported lost has
-    ended), the lost hosts' ranks (an ``ssh`` to a host that dropped off the
-    network may not end for minutes) get FAILURE_GRACE_SECONDS too.
-
-    Forwards SIGINT/SIGTERM to every rank. Returns 0, or the first failed
-    rank's code (128 + signal when it was killed).
-    """
-    def forward(signum, _frame):
-        for p in procs:
-            try:
-                p.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    first = 0
-    failed_at = done_at = None
-    try:
-        while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
-            if survivors_done is None or not survivors_done():
-                done_at = None
-            elif done_at is None:
-                done_at = time.monotonic()
-            elif time.monotonic() - done_at > FAILURE_GRACE_SECONDS:
-                _stop_all(procs)
-                break
-            if failed_at is None:
-                for p in procs:
-                    if p.returncode not in (None, 0):
-                        first = p.returncode if p.returncode > 0 else 128 - p.returncode
-                        failed_at = time.monotonic()
-                        break
-            elif stop_on_failure and time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
-                _stop_all(procs)
-                break
-            time.sleep(0.1)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if not first:
-        for p in procs:
-            if p.returncode:
-                return p.returncode if p.returncode > 0 else 128 - p.returncode
-    return first

@@ -25,7 +25,10 @@ import subprocess
 import sys
 import time
 
-from hvdcompat.runner.elastic import driver as _elastic
+from hvdcompat.runner.elastic import discovery as _discovery
+from hvdcompat.runner.elastic import flags as _elastic
+from hvdcompat.runner.elastic.gloo_driver import GlooElasticDriver
+from hvdcompat.runner.elastic.mpi_driver import MpiElasticDriver
 from hvdcompat.runner.errors import EXIT_USAGE, LaunchError
 from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import gloo_run as _gloo_run
@@ -268,7 +271,7 @@ def plan_launch(args, command, environ=None, cwd=None, hosts=None, relayed=True)
         try:
             _elastic.check_elastic_args(args, np)
             if args.host_discovery_script:
-                hosts = _elastic.wait_for_hosts(args)
+                hosts = _discovery.wait_for_hosts(args)
                 args.discovered_hosts = hosts  # the elastic driver's first view
                 if np is None:
                     np = min(_hosts.total_slots(hosts), args.max_np or sys.maxsize)
@@ -329,6 +332,13 @@ def _plan_gloo(args, command):
                           "hvdcompatrun --gloo -np 2 python train.py")
     hosts = _hosts_from(args)
     np = args.num_proc
+    if getattr(args, "host_discovery_script", None):
+        try:
+            hosts = _discovery.wait_for_hosts(args)
+        except _hosts.HostListError as e:
+            raise LaunchError(f"hvdcompatrun: {e}") from None
+        if np is None:
+            np = min(_hosts.total_slots(hosts), args.max_np or sys.maxsize)
     if np is None:
         if not hosts:
             raise LaunchError("hvdcompatrun: -np N is required (or -H/--hostfile, to use all "
@@ -464,18 +474,13 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
 
 
 def _run_gloo_elastic(args, command):
-    """``hvdcompatrun --gloo`` with elastic flags: lost ranks shrink the job in place."""
-    if args.host_discovery_script or args.blacklist_cooldown_range:
-        raise LaunchError(
-            "hvdcompatrun --gloo: --host-discovery-script and --blacklist-cooldown-range are not "
-            "supported on the Gloo controller yet (hosts joining or leaving a running Gloo job); "
-            "on Gloo the elastic flags --min-np and --reset-limit let the survivors of lost "
-            "ranks continue in place. Drop --gloo to grow or shrink by host discovery on MPI.")
+    """``hvdcompatrun --gloo`` with elastic flags: lost ranks shrink the job in place, hosts
+    that discovery adds get workers that join it in place."""
     try:
         _elastic.check_elastic_args(args, args.num_proc)
     except ValueError as e:
         raise LaunchError(str(e)) from None
-    with _elastic.ElasticDriver(args) as driver:
+    with GlooElasticDriver(args) as driver:
         return _gloo_run.run_gloo(args, command, _plan_gloo, SUPERVISOR, driver=driver)
 
 
@@ -509,7 +514,7 @@ def main(argv=None):
             print("hvdcompatrun: " + shlex.join(cmd), flush=True)
         np_ranks = _num_ranks(cmd)
         return run(cmd, env, placement_of(args, np_ranks), np_ranks)
-    return _elastic.ElasticDriver.launch(args, lambda extra, hosts=None: plan_launch(
+    return MpiElasticDriver.launch(args, lambda extra, hosts=None: plan_launch(
         args, command, environ={**os.environ, **extra}, hosts=hosts), run)
 
 

@@ -202,12 +202,14 @@ def main(argv=None):
               "status": code if code >= 0 else None, "signal": -code if code < 0 else None}
     _write_report(marker, report)
     _record_exit(report)
-    if code > 0 and os.environ.get("HOROVOD_ELASTIC") == "1" and code != _RESTART_EXIT_CODE:
+    if code > 0 and os.environ.get("HOROVOD_ELASTIC") == "1" and code != _RESTART_EXIT_CODE \
+            and not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
         # Note [Failed elastic rank]: under ULFM, Open MPI 5.0's launcher ends
         # the whole job, survivors included, when a rank on another host than
         # mpirun's exits with a non-zero status; a rank killed by a signal is
         # a failure the survivors recover from. The report above keeps the
-        # rank's own status for hvdcompatrun's summary.
+        # rank's own status for hvdcompatrun's summary. (hvdcompatrun --gloo
+        # starts its workers itself: their status reaches it as it is.)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(1)
     if code < 0:

@@ -217,8 +217,10 @@ def _validated_plan(func, args, kwargs, num_proc, elastic, hosts, hostfile, star
     if use_gloo and use_mpi:
         raise ValueError("hvdcompat.run: use_gloo and use_mpi cannot both be True")
     if use_gloo and elastic:
-        raise ValueError("hvdcompat.run(use_gloo=True): elastic jobs (" + ", ".join(elastic)
-                         + ") run on MPI only; drop use_gloo or the elastic parameters")
+        raise ValueError("hvdcompat.run(use_gloo=True): hvdcompat.run's elastic jobs ("
+                         + ", ".join(elastic) + ") run on MPI only; drop use_gloo or the "
+                         "elastic parameters. To train elastically on the Gloo controller, run "
+                         "the training script under hvdcompatrun --gloo with the elastic flags")
     if use_gloo and mpi_args:
         raise ValueError("hvdcompat.run(use_gloo=True) starts no mpirun, so mpi_args has "
                          "nothing to go to; drop one of them")

@@ -34,7 +34,7 @@ def _launch(cluster, flags, script_args, tmp_path):
         timeout=TIMEOUT, check=False)
     assert not result.timed_out, result.output
     found = {}
-    for p in reports.iterdir():
+    for p in reports.glob("rank*.json"):
         r = json.loads(p.read_text())
         found[r["first_rank"]] = r
     return result.returncode, result.output, found
@@ -191,4 +191,45 @@ def test_a_restart_whose_saved_state_is_gone_stops_instead_of_starting_from_scra
                 f"(host {a}) cannot read the saved state: FileNotFoundError") in out
     assert by_driver or by_ranks, out
     assert by_driver or f"restarting the job from its last commit on {a}:1, {b}:1" in out, out
-    assert "training finished" not in out and not list(reports.iterdir()), out
+    assert "training finished" not in out and not list(reports.glob("rank*.json")), out
+
+
+def test_gloo_job_gains_a_host_in_place_and_loses_it(cluster, tmp_path):
+    """hvdcompatrun --gloo: b joins while a's worker keeps running (same process, no
+    re-import), then discovery drops b and its worker leaves at the next commit."""
+    a, b = cluster.names
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    # a alone; b joins at the hold before epoch 0 batch 6; b leaves at epoch 1 batch 3.
+    script = _discovery(tmp_path, hold, [(None, [f"{a}:1"]), ("hold-0.6", [f"{a}:1", f"{b}:1"]),
+                                         ("hold-1.3", [f"{a}:1"])])
+    result = run_hvdcompatrun(
+        cluster, ["--gloo", "--min-np", "1", "--host-discovery-script", script, sys.executable,
+                  EXAMPLE, *ARGS, "--epochs", "2", "--hold-at", "0:6,1:3", "--hold-dir",
+                  str(hold), "--report-dir", str(reports)],
+        timeout=TIMEOUT, check=False,
+        env={"PATH": cluster.tmpdir + os.pathsep + os.environ["PATH"]})  # the ssh stand-in
+    out = result.output
+    assert not result.timed_out and result.returncode == 0, out
+    assert f"host {b} added: started 1 worker(s) there (1)" in out, out
+    assert f"host {b}: 1 new worker(s) ready after" in out, out
+    assert f"host {b} was removed by discovery" in out, out
+    assert "restarts" not in out and "restarting" not in out, out  # no relaunch
+    # Two processes ever started: a's, which trained throughout, and b's, which joined.
+    starts = [line.split() for line in (reports / "starts").read_text().splitlines()]
+    assert [host for _, host, _ in starts] == [a, b], starts
+    found = {int(p.stem[len("rank"):]): json.loads(p.read_text())
+             for p in reports.glob("rank*.json")}
+    assert sorted(found) == [0], out  # b's worker left with its host
+    r = found[0]
+    assert r["pid"] == int(starts[0][0]) and f"{r['started']:.3f}" == starts[0][2], (r, starts)
+    # Epoch 0 ends on 2 ranks (b joined mid-epoch), epoch 1 on 1 (b left mid-epoch); every
+    # sample once per epoch, the same model on every rank at each epoch's end.
+    assert _schedule(r) == [(0, 2), (1, 1)], out
+    assert _all_good(r), out
+    assert not r["restarted"], out
+    m = re.search(r"rank 0: reset done, now rank 0 of 2 \(reset took ([\d.]+) s\)", out)
+    assert m, out
+    print(f"MEASURED Gloo: reset taking in the new worker {m.group(1)} s")

@@ -12,7 +12,8 @@ import torch
 
 from hvdcompat.elastic import ObjectState
 from hvdcompat.elastic import loop as loop_mod
-from hvdcompat.runner.elastic import driver as elastic
+from hvdcompat.runner.elastic.driver import EXIT_ELASTIC_STOP
+from hvdcompat.runner.elastic.mpi_driver import MpiElasticDriver
 from hvdcompat.runner.hosts import Host
 
 
@@ -147,7 +148,7 @@ def test_the_driver_relaunches_only_with_the_saved_state_and_says_it_expects_it(
     monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
     out = io.StringIO()
     launches = []
-    with elastic.ElasticDriver(_args(), out=out) as driver:
+    with MpiElasticDriver(_args(), out=out) as driver:
         assert open(os.path.join(driver.dir, "driver")).read().strip() == str(os.getpid())
         monkeypatch.setattr(driver, "next_hosts", lambda: [Host("hostB", 1), Host("hostC", 1)])
 
@@ -171,7 +172,7 @@ def test_the_driver_relaunches_only_with_the_saved_state_and_says_it_expects_it(
         assert code == 0 and launches == [False, "1700000000.250000\n"], log
         assert "restarting the job from its last commit on hostB:1, hostC:1" in log
     else:
-        assert code == elastic.EXIT_ELASTIC_STOP and launches == [False], log
+        assert code == EXIT_ELASTIC_STOP and launches == [False], log
         assert ("rank 0 asked for a restart on new hosts (its mark of 1700000000.250000), but "
                 "its saved state") in log and "restart.pt is not there; the job stops" in log
         assert "restarting" not in log

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from hvdcompat.runner import launch
-from hvdcompat.runner.elastic import driver as elastic
+from hvdcompat.runner.elastic import discovery, flags
+from hvdcompat.runner.elastic.mpi_driver import MpiElasticDriver
 from hvdcompat.runner.hosts import Host, HostListError
 from hvdcompat.runner.mpirun_command import FAULT_TOLERANT_ARGS
 
@@ -31,8 +32,8 @@ def test_flags_parse_with_horovods_names_and_imply_fault_tolerance():
                             "--blacklist-cooldown-range", "10", "100", "python", "t.py"])
     assert (args.min_np, args.max_np, args.slots_per_host, args.elastic_timeout,
             args.reset_limit, args.blacklist_cooldown_range) == (2, 8, 2, 30, 3, [10, 100])
-    assert elastic.elastic_requested(args) and command == ["python", "t.py"]
-    assert not elastic.elastic_requested(_parse(["-np", "2", "python", "t.py"])[0])
+    assert flags.elastic_requested(args) and command == ["python", "t.py"]
+    assert not flags.elastic_requested(_parse(["-np", "2", "python", "t.py"])[0])
     cmd, env = launch.plan_launch(args, [sys.executable, "-c", "pass"],
                                   environ=dict(os.environ))
     line = " ".join(cmd)
@@ -53,10 +54,10 @@ def test_inconsistent_flags_are_launch_errors(argv, message):
 
 
 def test_discovery_output_is_host_colon_slots_with_a_default():
-    assert elastic.parse_discovery_output("a:2\n\nb\n c:1 \n", 4) == [
+    assert discovery.parse_discovery_output("a:2\n\nb\n c:1 \n", 4) == [
         Host("a", 2), Host("b", 4), Host("c", 1)]
     with pytest.raises(HostListError, match="line 1"):
-        elastic.parse_discovery_output("a:x\n", 1)
+        discovery.parse_discovery_output("a:x\n", 1)
 
 
 @pytest.mark.parametrize("line, needle", [
@@ -67,13 +68,13 @@ def test_discovery_output_is_host_colon_slots_with_a_default():
 ])
 def test_discovered_host_names_are_checked_like_dash_h_names(tmp_path, line, needle):
     with pytest.raises(HostListError, match=needle) as info:
-        elastic.parse_discovery_output(f"good:1\n{line}\n", 1)
+        discovery.parse_discovery_output(f"good:1\n{line}\n", 1)
     assert "line 2" in str(info.value) and repr(line) in str(info.value)
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\necho good:1\necho '{line}'\n")
     script.chmod(0o755)
     with pytest.raises(HostListError, match=needle) as info:
-        elastic.discover(str(script), 1)
+        discovery.discover(str(script), 1)
     assert str(script) in str(info.value) and "line 2" in str(info.value)
 
 
@@ -85,26 +86,26 @@ def test_wait_for_hosts_polls_until_min_np_slots_or_the_timeout(tmp_path):
                                'i=0; while [ $i -lt $n ]; do echo h$i:1; i=$((i+1)); done\n')
     args, _ = _parse(["--host-discovery-script", script, "--min-np", "3", "python", "t.py"])
     now = [0.0]
-    hosts = elastic.wait_for_hosts(args, clock=lambda: now[0],
+    hosts = discovery.wait_for_hosts(args, clock=lambda: now[0],
                                    sleep=lambda s: now.__setitem__(0, now[0] + s))
     assert [h.name for h in hosts] == ["h0", "h1", "h2"] and now[0] == 2.0
     args, _ = _parse(["--host-discovery-script", _script(tmp_path, "echo only:1\n", "one.sh"),
                       "--min-np", "2", "--elastic-timeout", "3", "python", "t.py"])
     now[0] = 0.0
     with pytest.raises(HostListError, match="1 slot.*fewer than the 2 needed.*--elastic-timeout 3"):
-        elastic.wait_for_hosts(args, clock=lambda: now[0],
+        discovery.wait_for_hosts(args, clock=lambda: now[0],
                                sleep=lambda s: now.__setitem__(0, now[0] + s))
 
 
 def test_a_failing_discovery_script_is_named(tmp_path):
     with pytest.raises(HostListError, match="exited with 3: boom"):
-        elastic.discover(_script(tmp_path, "echo boom >&2; exit 3\n"), 1)
+        discovery.discover(_script(tmp_path, "echo boom >&2; exit 3\n"), 1)
 
 
 def test_driver_environment_notices_and_verdict(tmp_path, monkeypatch):
     monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
     args, _ = _parse(["-np", "3", "--min-np", "2", "--reset-limit", "4", "python", "t.py"])
-    with elastic.ElasticDriver(args) as driver:
+    with MpiElasticDriver(args) as driver:
         assert os.path.dirname(driver.dir) == str(tmp_path)
         env = driver.environment()
         assert env["HVDCOMPAT_ELASTIC_MIN_NP"] == "2" and env["HOROVOD_ELASTIC"] == "1"
@@ -156,7 +157,7 @@ def test_driver_blacklists_failed_hosts_and_lets_them_back_after_the_cooldown(tm
                       "python", "t.py"])
     clock, out = _Clock(), open(tmp_path / "log", "w+")
     hosts = [Host("a", 2), Host("b", 1)]
-    with elastic.ElasticDriver(args, out=out, clock=clock, cooldown=lambda lo, hi: hi) as d:
+    with MpiElasticDriver(args, out=out, clock=clock, cooldown=lambda lo, hi: hi) as d:
         d._use(hosts, 3)  # ranks 0, 1 on a; 2 on b
         d.poll(hosts)
         assert _notices(d) == [] and d.blacklist == {}
@@ -185,7 +186,7 @@ def test_a_blacklisted_host_with_live_ranks_is_announced_as_removed(tmp_path, mo
     monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
     args, _ = _parse(["-H", "a:1,b:2", "--min-np", "1", "python", "t.py"])
     hosts = [Host("a", 1), Host("b", 2)]
-    with elastic.ElasticDriver(args, out=open(os.devnull, "w")) as d:
+    with MpiElasticDriver(args, out=open(os.devnull, "w")) as d:
         d._use(hosts, 3)  # rank 0 on a; 1, 2 on b
         with open(os.path.join(d.dir, "lost"), "w") as f:
             f.write("1.0 1\n")
@@ -200,7 +201,7 @@ def test_every_host_blacklisted_and_too_few_slots_past_the_timeout_are_errors(tm
     monkeypatch.setenv("HVDCOMPAT_ELASTIC_DIR", str(tmp_path))
     args, _ = _parse(["-H", "a:1,b:1", "--min-np", "1", "python", "t.py"])
     hosts = [Host("a", 1), Host("b", 1)]
-    with elastic.ElasticDriver(args, out=open(os.devnull, "w")) as d:
+    with MpiElasticDriver(args, out=open(os.devnull, "w")) as d:
         d._use(hosts, 2)
         with open(os.path.join(d.dir, "lost"), "w") as f:
             f.write("1.0 1\n2.0 0\n")
@@ -210,7 +211,7 @@ def test_every_host_blacklisted_and_too_few_slots_past_the_timeout_are_errors(tm
     args, _ = _parse(["--host-discovery-script", "x", "--min-np", "2", "--elastic-timeout", "30",
                       "python", "t.py"])
     clock = _Clock()
-    with elastic.ElasticDriver(args, out=open(os.devnull, "w"), clock=clock) as d:
+    with MpiElasticDriver(args, out=open(os.devnull, "w"), clock=clock) as d:
         d._use(hosts, 2)
         d.poll([Host("a", 1)])
         assert d.error is None and _notices(d) == []  # b's removal is held back meanwhile
@@ -224,6 +225,6 @@ def test_every_host_blacklisted_and_too_few_slots_past_the_timeout_are_errors(tm
 
 
 def test_relaunch_hosts_are_capped_at_max_np():
-    assert elastic._cap([Host("a", 2), Host("b", 4), Host("c", 1)], 5) == \
+    assert discovery.cap([Host("a", 2), Host("b", 4), Host("c", 1)], 5) == \
         [Host("a", 2), Host("b", 3)]
-    assert elastic._cap([Host("a", 2)], None) == [Host("a", 2)]
+    assert discovery.cap([Host("a", 2)], None) == [Host("a", 2)]

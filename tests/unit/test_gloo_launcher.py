@@ -88,8 +88,8 @@ def test_a_remote_rank_starts_through_ssh_with_its_variables():
     (["--gloo", "--fault-tolerant", "-np", "2", "true"], "--fault-tolerant is Open MPI"),
     (["--output-filename", "d", "-np", "2", "true"], "--output-filename applies to the Gloo"),
     (["--gloo", "--gloo-timeout-seconds", "0", "-np", "2", "true"], "must be a positive"),
-    (["--gloo", "--host-discovery-script", "./d.sh", "true"],
-     "--host-discovery-script and --blacklist-cooldown-range are not supported on the Gloo"),
+    (["--gloo", "--host-discovery-script", "./d.sh", "-H", "a:1", "true"],
+     "--host-discovery-script replaces -H/--hostfile"),
     (["--gloo", "--min-np", "3", "-np", "2", "true"], "-np 2 is below --min-np 3"),
 ])
 def test_flag_errors_say_what_to_change(argv, needle, capsys):

@@ -330,6 +330,7 @@ def test_the_launchers_live_under_runner():
     assert not top, f"launcher modules at the package's top level (they belong in runner/): {top}"
     for module in ("hvdcompat.runner.run_func", "hvdcompat.runner.run_task",
                    "hvdcompat.runner.run_job", "hvdcompat.runner.elastic.driver",
+                   "hvdcompat.runner.elastic.mpi_driver", "hvdcompat.runner.elastic.gloo_driver",
                    "hvdcompat.runner.elastic.run_func", "hvdcompat.runner.common.channel",
                    "hvdcompat.common.ports"):
         assert module in SOURCES, module

@@ -64,11 +64,11 @@ def elastic_options(settings, hosts, hostfile):
 
 def discovered_hosts(options):
     """The hosts the discovery script offers now (for the addresses the ranks call back on)."""
-    from hvdcompat.runner.elastic import driver as _elastic
+    from hvdcompat.runner.elastic import discovery as _discovery
     from hvdcompat.runner import hosts as _hosts
 
     try:
-        return _elastic.discover(options.host_discovery_script, options.slots_per_host)
+        return _discovery.discover(options.host_discovery_script, options.slots_per_host)
     except _hosts.HostListError as e:
         raise ValueError(f"hvdcompat.run: {e}") from None
 
@@ -76,7 +76,7 @@ def discovered_hosts(options):
 def launch(options, listener, job, secret, timeout, addresses, executable, output_filename,
            verbose):
     """Runs the job under hvdcompatrun's elastic driver; returns mpirun's exit code."""
-    from hvdcompat.runner.elastic.driver import ElasticDriver
+    from hvdcompat.runner.elastic.mpi_driver import MpiElasticDriver
 
     codes = []
 
@@ -120,7 +120,7 @@ def launch(options, listener, job, secret, timeout, addresses, executable, outpu
         return 1 if codes[-1] is None else codes[-1]
 
     options.verbose = bool(verbose)  # the driver prints the mpirun line
-    ElasticDriver.launch(options, plan, launch_ranks)
+    MpiElasticDriver.launch(options, plan, launch_ranks)
     return codes[-1] if codes else None
 
 
