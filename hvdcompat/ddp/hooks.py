@@ -22,9 +22,11 @@ returns a ``torch.futures.Future`` holding the averaged bucket. Two routes:
   Chosen otherwise, e.g. under torchrun with a build without Gloo (MPI
   cannot join processes that no MPI launcher started).
 
-Compression (``fp16``/``bf16``) casts the bucket for the wire after dividing
-by the world size (so the sum cannot overflow in half precision) and casts
-the result back; integer buckets are never cast.
+Compression (``fp16``/``bf16``) casts the bucket for the wire and casts the
+result back; integer buckets are never cast. On the engine route a float
+bucket is averaged by the engine (summed, 16-bit floats in float32, and
+scaled once); on the process_group route it is divided by the world size
+before the sum (so a half-precision sum cannot overflow).
 """
 
 import itertools
@@ -190,9 +192,18 @@ def _compress(buf, wire_dtype, size):
 def _engine_allreduce(state, bucket, buf, wire_dtype):
     import hvdcompat as hvd
 
-    send, copied = _compress(buf, wire_dtype, hvd.size())
+    if buf.is_floating_point():
+        # The engine averages: it sums (16-bit floats in float32, so nothing
+        # overflows) and scales once, inside its pipeline, instead of a pass
+        # over the bucket here before the sum.
+        copied = wire_dtype is not None and buf.dtype != wire_dtype
+        send = buf.to(wire_dtype) if copied else buf
+        op = hvd.Average
+    else:
+        send, copied = _compress(buf, wire_dtype, hvd.size())
+        op = hvd.Sum
     name = (f"ddp.hook{state.id}.bucket{bucket.index()}.{str(send.dtype)[6:]}.{send.numel()}")
-    handle = hvd.allreduce_async_(send, name=name, op=hvd.Sum)
+    handle = hvd.allreduce_async_(send, name=name, op=op)
 
     def finish(results):
         if copied:
