@@ -16,7 +16,13 @@ DistributedDataParallel in each configuration and prints steps/s on rank 0:
   otherwise);
 * ``gloo + accelerate [compression]``: DDP on gloo with the hook that
   ``import hvdcompat.ddp.accelerate`` installs (engine route under mpirun,
-  and under torchrun with the Gloo controller; else the process-group route).
+  and under torchrun with the Gloo controller; else the process-group route);
+* with ``--ceiling``, each rank training its own copy with no gradient
+  exchange at all: what any exchange can at best reach.
+
+The configurations take turns a few steps at a time (--rounds of --iters
+steps each), so load from other jobs falls on all of them alike; the median
+over the rounds is reported, with the load average at the start and the end.
 """
 
 import argparse
@@ -36,20 +42,28 @@ from hvdcompat.ddp import hooks
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps per configuration")
-    p.add_argument("--iters", type=int, default=20, help="timed steps per configuration")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="configurations take turns this many times; the median is reported "
-                        "(evens out load from other jobs)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="untimed steps per configuration, before the first round")
+    p.add_argument("--iters", type=int, default=5, help="timed steps per configuration and round")
+    p.add_argument("--rounds", type=int, default=12,
+                   help="configurations take turns this many times, a few steps each; the "
+                        "median over the rounds is reported (evens out load from other jobs)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=1024, help="width of the MLP")
     p.add_argument("--layers", type=int, default=6, help="hidden layers of the MLP")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also train each rank's own copy with no gradient exchange (the same "
+                        "model, batch and threads; what any exchange can at best reach)")
     p.add_argument("--compression", default="none,fp16",
                    help="comma-separated compressions to run with the accelerate hook "
                         "(none, fp16, bf16)")
     # torch.distributed.launch without --use_env passes the local rank as an argument.
     p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args()
+
+
+def _load():
+    return "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
 def launcher():
@@ -85,9 +99,11 @@ class Trainer:
         self.loss_fn(self.model(self.x), self.y).backward()
         self.opt.step()
 
-    def steps_per_second(self, warmup, iters):
-        for _ in range(warmup):
+    def warm_up(self, steps):
+        for _ in range(steps):
             self.step()
+
+    def steps_per_second(self, iters):
         dist.barrier()
         start = time.perf_counter()
         for _ in range(iters):
@@ -126,26 +142,30 @@ def main():
     params = sum(p.numel() for p in build_model(args).parameters())
     log(f"DDP benchmark: {size} ranks ({launcher()}), MLP {args.layers}x{args.hidden} "
         f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of gradients), "
-        f"batch {args.batch_size}/rank; {args.rounds} rounds of {args.warmup} warm-up + "
-        f"{args.iters} timed steps per configuration, median shown")
+        f"batch {args.batch_size}/rank; {args.warmup} warm-up steps, then {args.rounds} rounds "
+        f"of {args.iters} timed steps per configuration in turn, median over the rounds shown; "
+        f"load average {_load()}")
     if not hvdcompat.ddp.backend_available():
         log("hvdcompat backend: skipped (needs an MPI launcher: mpirun / hvdcompatrun, or a "
             "build with the Gloo controller)")
 
+    if args.ceiling:
+        configs.append(("no exchange (ceiling)", lambda: (build_model(args), "none")))
     log(f"Setting up {len(configs)} configurations: "
         + ", ".join(label for label, _ in configs))
     trainers = []
     for label, make in configs:
         model, route = make()
         trainers.append((label, route, Trainer(model, args)))
+        trainers[-1][2].warm_up(args.warmup)
     samples = {label: [] for label, _, _ in trainers}
     for r in range(args.rounds):
+        rates = []
         for label, _, trainer in trainers:
-            start = time.perf_counter()
-            sps = trainer.steps_per_second(args.warmup, args.iters)
+            sps = trainer.steps_per_second(args.iters)
             samples[label].append(sps)
-            log(f"  round {r + 1}/{args.rounds}: {label:<28} {sps:7.2f} steps/s "
-                f"({time.perf_counter() - start:.1f} s)")
+            rates.append(f"{label} {sps:.2f}")
+        log(f"  round {r + 1}/{args.rounds} (steps/s): " + ", ".join(rates))
     results = [(label, route, statistics.median(samples[label])) for label, route, _ in trainers]
 
     if rank == 0:
@@ -155,6 +175,7 @@ def main():
         for label, route, sps in results:
             print(f"{label:<28} {route:<14} {sps:>9.2f} {sps * args.batch_size * size:>10.1f} "
                   f"{sps / base:>7.2f}x")
+        print(f"load average at the end: {_load()}")
         sys.stdout.flush()
     # Tear down together: a rank destroying its gloo group while a peer is
     # still printing was seen to abort ("terminate called without an active
