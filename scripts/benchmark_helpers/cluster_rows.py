@@ -67,8 +67,13 @@ def worker(args):
              for kind, fn in (("fp32", fp32_set), ("fp16", fp16_set))}
     if args.impl == "hvdcompat":
         s = hvd.engine_stats()
-        cells["plan"] = ("network" if s["network_allreduces"] else "host") + (
-            "+hierarchical" if s["hierarchical_allreduces"] else "")
+        if hvd.gloo_enabled():
+            cells["plan"] = "ring" + ("+hierarchical" if s["hierarchical_allreduces"] else "")
+        else:
+            cells["plan"] = ("network" if s["network_allreduces"] else "host") + (
+                "+hierarchical" if s["hierarchical_allreduces"] else "")
+    else:
+        cells["plan"] = "—"
     if hvd.rank() == 0:
         cells.update(ranks=hvd.size(), hosts=hvd.cross_size())
         print("CLUSTER-ROW " + " ".join(f"{k}={v}" for k, v in cells.items()), flush=True)
@@ -145,15 +150,36 @@ def _parse_row(output):
     return dict(kv.split("=", 1) for kv in m.group(1).split())
 
 
-def _launch(cluster, layout, command, timeout, env=None, horovod=None):
+def _launch(cluster, layout, command, timeout, env=None, horovod=None, gloo=False):
     """Runs `command` on the hosts of `layout`: under hvdcompatrun, or with `horovod` (its
-    Python) under the mpirun of Horovod's environment. Returns the output."""
+    Python) under the mpirun of Horovod's environment; with `gloo`, under ``hvdcompatrun
+    --gloo`` or Horovod's ``horovodrun --gloo`` (both reach the other host through the
+    cluster's ssh stand-in). Returns the output."""
     from cluster_harness import _run, host_list, run_hvdcompatrun
 
-    if horovod is None:
+    # The launchers start remote ranks with `ssh`: the stand-in comes first on PATH.
+    ssh_path = {"PATH": cluster.tmpdir + os.pathsep + os.environ.get("PATH", "")}
+    if horovod is None and gloo:
+        result = run_hvdcompatrun(cluster, ["--gloo", "-H", host_list(cluster, layout), *command],
+                                  timeout, env={**ssh_path, **(env or {})}, check=False)
+    elif horovod is None:
         result = run_hvdcompatrun(cluster, ["-H", host_list(cluster, layout), "--mpi-args",
                                             " ".join(cluster.mpi_args()), *command], timeout,
                                   env=env, check=False)
+    elif gloo:
+        from benchmark_helpers import horovod_peer as _horovod_peer
+
+        piddir = tempfile.mkdtemp(prefix="hvd-pids-")
+        full_env = _horovod_peer.environment(horovod)
+        full_env.update(env or {})
+        full_env["PATH"] = cluster.tmpdir + os.pathsep + full_env["PATH"]
+        full_env["HVDCOMPAT_TEST_PIDDIR"] = piddir
+        cmd = [_horovod_peer.horovodrun_of(horovod), "--gloo", "-np", str(sum(layout)), "-H",
+               host_list(cluster, layout), horovod, *command[1:]]
+        try:
+            result = _run(cluster, cmd, timeout, full_env, piddir)
+        finally:
+            shutil.rmtree(piddir, ignore_errors=True)
     else:
         from benchmark_helpers import horovod_peer as _horovod_peer
 
@@ -172,8 +198,8 @@ def _launch(cluster, layout, command, timeout, env=None, horovod=None):
     if result.returncode != 0:
         print(result.output[-4000:], file=sys.stderr)
         raise SystemExit(f"allreduce_benchmark --hosts: {' '.join(command)} on layout "
-                         f"{layout} ({'Horovod' if horovod else 'hvdcompat'}) failed "
-                         f"({result.returncode})")
+                         f"{layout} ({'Horovod' if horovod else 'hvdcompat'}"
+                         f"{', Gloo' if gloo else ''}) failed ({result.returncode})")
     return result.output
 
 
@@ -199,6 +225,9 @@ def main(argv):
     parser.add_argument("--rates", default="none,1gbit",
                         help="tbf rates of the host links ('none': unlimited)")
     parser.add_argument("--iters", type=int, default=3, help="timed sets per job")
+    parser.add_argument("--controllers", default="mpi,gloo",
+                        help="launches per implementation: mpi (hvdcompatrun / mpirun), gloo "
+                             "(hvdcompatrun --gloo / horovodrun --gloo)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternating hvdcompat / Horovod jobs per row")
     parser.add_argument("--horovod-python",
@@ -241,56 +270,59 @@ def main(argv):
     layouts = [[int(n) for n in l.split(",")] for l in args.layouts.split(";")]
     rates = args.rates.split(",")
     impls = [("hvdcompat", None)] + ([("horovod", peer)] if peer else [])
+    controllers = [c for c in args.controllers.split(",") if c]
+    jobs_of = [(impl, python, ctl) for impl, python in impls for ctl in controllers]
     print(f"# test hosts {', '.join(cluster.names)} on {cluster.subnet} (namespaces of this "
           f"machine: {os.cpu_count()} cores shared by every rank); {_load()}", flush=True)
-    print(f"# Horovod: {('horovod ' + about + ' at ' + peer) if peer else 'column absent: ' + about}")
+    print(f"# Horovod: {('horovod ' + about + ' at ' + peer) if peer else 'rows absent: ' + about}")
     with cluster:
         if args.segments or args.only_segments:
             _segments(cluster, args)
             if args.only_segments:
                 return 0
         print("# ResNet-50 gradient set (161 tensors, 97.5 MiB), Average in place, async then "
-              f"synchronize, each also fp16-compressed; ms, median of {args.iters} per job, "
-              f"median of {args.rounds} alternating jobs per implementation, both at their "
-              "defaults")
-        hv = [LABEL[i] for i, _ in impls[1:]]
-        header = ["layout", "host link", "hvdcompat", *hv, "link floor", "hvdcompat / floor",
-                  "fp16: hvdcompat", *[f"fp16: {h}" for h in hv], "fp16 floor", "plan", "load"]
+              f"synchronize, then fp16-compressed; ms, median of {args.iters} per job, median "
+              f"of {args.rounds} alternating jobs per implementation and controller (MPI: "
+              "hvdcompatrun / mpirun; Gloo: hvdcompatrun --gloo / horovodrun --gloo), all at "
+              "their defaults")
+        header = ["layout", "host link", "implementation", "controller", "ms", "/ link floor",
+                  "fp16 ms", "fp16 / its floor", "plan", "load"]
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header), flush=True)
         for rate in rates:
             cluster.limit(None if rate == "none" else rate)
             bits = _rate_bits(rate)
             for layout in layouts:
-                jobs = {i: [] for i, _ in impls}
+                jobs = {(i, c): [] for i, _, c in jobs_of}
                 for _ in range(args.rounds):
-                    for impl, python in impls:
+                    for impl, python, ctl in jobs_of:
                         cmd = [python or sys.executable,
                                os.path.join("examples", "allreduce_benchmark.py"), "--hosts",
                                "--worker", "--impl", impl, "--iters", str(args.iters)]
-                        out = _launch(cluster, layout, cmd, args.timeout, horovod=python)
+                        out = _launch(cluster, layout, cmd, args.timeout, horovod=python,
+                                      gloo=ctl == "gloo")
                         row = _parse_row(out)
                         if row is None:
                             print(out[-4000:], file=sys.stderr)
                             raise SystemExit("allreduce_benchmark --hosts: the worker printed "
                                              "no row")
-                        jobs[impl].append(row)
-                med = {(i, k): statistics.median(float(r[k]) for r in rows)
-                       for i, rows in jobs.items() for k in ("fp32", "fp16")}
+                        jobs[(impl, ctl)].append(row)
                 # Each host sends (and receives) the set once: the fewest bytes any
                 # allreduce can put on one host's link (hierarchical or 2-rank ring).
                 floor = RESNET50_BYTES * 8 / bits * 1e3 if bits else None
-                d = med[("hvdcompat", "fp32")]
-                cells = [f"{len(layout)} hosts x {layout[0]} rank{'s' if layout[0] > 1 else ''}",
-                         "unlimited" if rate == "none" else f"{rate} (tbf)", f"{d:.0f}",
-                         *[f"{med[(i, 'fp32')]:.0f}" for i, _ in impls[1:]],
-                         f"{floor:.0f}" if floor else "—",
-                         f"{d / floor:.2f}x" if floor else "—",
-                         f"{med[('hvdcompat', 'fp16')]:.0f}",
-                         *[f"{med[(i, 'fp16')]:.0f}" for i, _ in impls[1:]],
-                         f"{floor / 2:.0f}" if floor else "—", jobs["hvdcompat"][-1]["plan"],
-                         f"{os.getloadavg()[0]:.1f}"]
-                print("| " + " | ".join(cells) + " |", flush=True)
+                where = (f"{len(layout)} hosts x {layout[0]} rank{'s' if layout[0] > 1 else ''}",
+                         "unlimited" if rate == "none" else f"{rate} (tbf)")
+                for (impl, ctl), rows in jobs.items():
+                    fp32 = statistics.median(float(r["fp32"]) for r in rows)
+                    fp16 = statistics.median(float(r["fp16"]) for r in rows)
+                    cells = [*where, LABEL[impl], "Gloo" if ctl == "gloo" else "MPI",
+                             f"{fp32:.0f}", f"{fp32 / floor:.2f}x" if floor else "—",
+                             f"{fp16:.0f}", f"{fp16 / (floor / 2):.2f}x" if floor else "—",
+                             rows[-1]["plan"], f"{os.getloadavg()[0]:.1f}"]
+                    print("| " + " | ".join(cells) + " |", flush=True)
+                if floor:
+                    print(f"| {where[0]} | {where[1]} | link floor | | {floor:.0f} | 1.00x | "
+                          f"{floor / 2:.0f} | 1.00x | | |", flush=True)
         if not args.skip_training:
             _training(cluster, args, impls)
     print(f"# done; {_load()}")

@@ -32,6 +32,12 @@ def mpirun_of(python):
     return candidate if os.access(candidate, os.X_OK) else "mpirun"
 
 
+def horovodrun_of(python):
+    """The horovodrun of `python`'s environment (its Gloo launch)."""
+    candidate = os.path.join(os.path.dirname(python), "horovodrun")
+    return candidate if os.access(candidate, os.X_OK) else "horovodrun"
+
+
 def environment(python, base=None):
     """`base` (default: os.environ) for a job of `python`'s environment: its bin first on
     PATH, no PYTHONPATH (this checkout's hvdcompat and its ``horovod`` alias stay out)."""

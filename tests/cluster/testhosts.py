@@ -191,7 +191,7 @@ def leftovers(prefix):
 
 
 _AGENT = r'''#!/bin/bash
-# ssh stand-in for the test hosts of cluster {prefix}: "ssh [options] HOST COMMAND..."
+# ssh stand-in for the test hosts of cluster {prefix}: "ssh [options] HOST [options] COMMAND..."
 # runs COMMAND in HOST's namespace, with HOST's hostname and a clean environment.
 log={log}
 echo "ARGS $*" >> "$log"
@@ -203,6 +203,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 host="$1"; shift
+# Options may follow the host too, as OpenSSH takes them (horovodrun puts -p/-o there).
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -p|-i|-l|-o|-F|-J|-E|-c|-b|-e|-m|-L|-R|-D|-W|-S) echo "OPT $1 $2" >> "$log"; shift 2 ;;
+    -*) echo "OPT $1" >> "$log"; shift ;;
+    *) break ;;
+  esac
+done
 case "$host" in
 {cases}
   *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255 ;;
