@@ -254,9 +254,10 @@ def _exit_as_failed_rank():
     see it as lost. Without ULFM the job ends anyway, so nothing changes.
     """
     try:
-        # On Gloo the survivors notice a lost rank by its closed sockets.
+        # On Gloo the survivors notice a lost rank by its closed sockets. (Asked
+        # first: the ULFM question is MPI's, and MPI is not initialised on Gloo.)
         _exit.as_failed_rank = _core.is_initialized() and (
-            _core.fault_tolerance_enabled() or bool(getattr(_core, "gloo_enabled", bool)()))
+            bool(getattr(_core, "gloo_enabled", bool)()) or _core.fault_tolerance_enabled())
     except Exception:  # noqa: BLE001 - MPI may be gone already; then exit normally
         _exit.as_failed_rank = False
 
