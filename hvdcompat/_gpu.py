@@ -68,17 +68,18 @@ def nccl_version():
 
 
 def _gpu_operations_mpi():
+    """Whether CUDA tensors go through host memory (HOROVOD_GPU_OPERATIONS=MPI, or GLOO)."""
     if _core.is_initialized():
         return _core.config()["gpu_operations"] == "MPI"
-    return _core.setting("GPU_OPERATIONS") == "MPI"
+    return _core.setting("GPU_OPERATIONS") in ("MPI", "GLOO")
 
 
 def unavailable_reason():
     """Why CUDA tensors cannot run here ('' when they can).
 
-    NCCL is needed unless ``HOROVOD_GPU_OPERATIONS=MPI``; the CUDA runtime and
-    a visible device always are. While initialised, the answer is kept by the
-    session (every op on a CUDA tensor asks).
+    NCCL is needed unless ``HOROVOD_GPU_OPERATIONS=MPI`` (or ``GLOO``); the CUDA
+    runtime and a visible device always are. While initialised, the answer is
+    kept by the session (every op on a CUDA tensor asks).
     """
     session = _session.get()
     if session is not None and session.gpu_unavailable_reason is not None:

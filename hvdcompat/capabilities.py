@@ -94,7 +94,7 @@ def cuda_built():
     """Whether CUDA tensors can run through hvdcompat on this machine.
 
     True when the CUDA runtime loads, a device is visible and NCCL loads (or,
-    with ``HOROVOD_GPU_OPERATIONS=MPI``, without NCCL).
+    with ``HOROVOD_GPU_OPERATIONS=MPI`` or ``GLOO``, without NCCL).
 
     Returns:
         bool.

@@ -47,8 +47,9 @@ const std::vector<KnobSpec>& AllKnobs() {
        "(host tensors over MPI or Gloo, CUDA tensors over NCCL). Unset: on MPI, host tensors "
        "take it when the ranks span hosts with the same number (> 1) on each "
        "(HVDCOMPAT_LINK_PLAN)."},
-      {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI",
-       "Backend for CUDA tensors; MPI stages through host memory."},
+      {Knob::kGpuOperations, "GPU_OPERATIONS", true, "NCCL", "NCCL|MPI|GLOO",
+       "Backend for CUDA tensors; MPI (or GLOO, the same) stages through host memory and the "
+       "controller's host collectives."},
       {Knob::kDynamicProcessSets, "DYNAMIC_PROCESS_SETS", true, "0", "bool",
        "Allow hvd.add_process_set/remove_process_set after init."},
       {Knob::kFusionChunkBytes, "FUSION_CHUNK_BYTES", false, "1048576", "bytes",
@@ -356,7 +357,7 @@ Config Config::FromEnvironment() {
   c.gloo_pipeline_depth = std::max<int64_t>(1, KnobInt(Knob::kGlooPipelineDepth));
   c.gloo_exchange_max_bytes = std::max<int64_t>(0, KnobInt(Knob::kGlooExchangeMaxBytes));
   std::string ops = KnobChoice(Knob::kGpuOperations);
-  c.gpu_operations_mpi = ops == "MPI";
+  c.gpu_operations_mpi = ops == "MPI" || ops == "GLOO";
   c.autotune = KnobBool(Knob::kAutotune);
   c.autotune_log = KnobString(Knob::kAutotuneLog);
   c.autotune_warmup_samples = KnobInt(Knob::kAutotuneWarmupSamples);

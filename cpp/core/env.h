@@ -152,7 +152,8 @@ struct Config {
   int64_t gloo_segment_bytes;      // Gloo ring allreduce: largest segment
   int64_t gloo_pipeline_depth;     // Gloo ring allreduce: receives posted ahead, >= 1
   int64_t gloo_exchange_max_bytes; // Gloo allreduce: payloads up to this go in one exchange
-  bool gpu_operations_mpi;         // CUDA buffers go through host memory and MPI
+  bool gpu_operations_mpi;         // CUDA buffers go through host memory and the
+                                   // controller's host backend (MPI or GLOO)
   bool async_completion;           // synchronize() orders streams, does not wait on the host
   bool autotune;                   // search the tunables while training (parameter_manager.h)
   std::string autotune_log;        // CSV of every configuration scored; empty: none

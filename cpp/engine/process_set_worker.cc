@@ -115,6 +115,7 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
                                             : config.stall_shutdown_seconds) {
   rank_ = transport_->rank();
   if (gloo_) {
+    AddGpuBackendsOnGloo(&backends_, gloo_, global_ranks_, config_, gpu);
     backends_.push_back(std::make_unique<GlooBackend>(gloo_, config_, global_ranks_, stats_));
   } else {
     mpi_transport_ = static_cast<MpiTransport*>(transport_.get());
@@ -554,10 +555,7 @@ void ProcessSetWorker::Execute(std::vector<Response> responses) {
                                std::string(OpTypeName(r.op)) + " '" + r.units[0].name +
                                    "': no backend can run it on device " +
                                    std::to_string(r.device) +
-                                   (gloo_ ? " (the Gloo controller runs host tensors only; "
-                                            "move the tensor to the CPU, or launch with MPI)"
-                                          : " (GPU tensors need NCCL or "
-                                            "HOROVOD_GPU_OPERATIONS=MPI)"));
+                                   " (GPU tensors need NCCL or HOROVOD_GPU_OPERATIONS=MPI)");
       for (const auto& u : r.units) CompleteByName(u.name, s);
       continue;
     }

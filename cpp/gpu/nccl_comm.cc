@@ -2,10 +2,10 @@
 
 #include <chrono>
 #include <map>
+#include <vector>
 
 #include "gpu/gpu_check.h"
 #include "core/logging.h"
-#include "transport/mpi_util.h"
 
 namespace hvdcompat {
 
@@ -17,24 +17,31 @@ std::timed_mutex& DeviceLaunchMutex(int device) {
   return (*locks)[device];  // std::map never moves its elements
 }
 
-NcclComm::NcclComm(MPI_Comm mpi_comm, int device, std::string what)
-    : what_(std::move(what)), device_(device) {
-  const NcclApi& nccl = Nccl();
-  HVD_MPI_CHECK(mpi_comm, MPI_Comm_rank(mpi_comm, &rank_));
-  HVD_MPI_CHECK(mpi_comm, MPI_Comm_size(mpi_comm, &size_));
-  ncclUniqueId id{};
-  // The id is made where it is broadcast from; a failure there must not
-  // leave the others blocked in MPI_Bcast, so its status travels too.
-  int made = 1;
-  if (rank_ == 0) made = nccl.GetUniqueId(&id) == ncclSuccess ? 1 : 0;
-  HVD_MPI_CHECK(mpi_comm, MPI_Bcast(&made, 1, MPI_INT, 0, mpi_comm));
-  if (!made) {
-    throw LibraryError(what_ + ": ncclGetUniqueId failed on the set's rank 0; see its log "
-                       "(NCCL_DEBUG=WARN shows why)");
-  }
-  HVD_MPI_CHECK(mpi_comm, MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, mpi_comm));
+NcclComm::NcclComm(const ncclUniqueId& id, int rank, int size, int device, std::string what)
+    : what_(std::move(what)), device_(device), rank_(rank), size_(size) {
   DeviceGuard guard(device);
-  HVD_NCCL_CHECK(nullptr, nccl.CommInitRank(&comm_, size_, id, rank_));
+  HVD_NCCL_CHECK(nullptr, Nccl().CommInitRank(&comm_, size_, id, rank_));
+}
+
+std::shared_ptr<NcclComm> MakeNcclComm(SetChannel& channel, int leader, int group_rank,
+                                       int group_size, int device, const std::string& what) {
+  struct Slot {
+    int32_t made;  // 1: this rank leads a group and made its id
+    ncclUniqueId id;
+  };
+  const int me = channel.rank();
+  Slot mine{};
+  if (me == leader) mine.made = Nccl().GetUniqueId(&mine.id) == ncclSuccess ? 1 : -1;
+  std::vector<Slot> all(channel.size());
+  channel.AllgatherFixed(&mine, sizeof(Slot), all.data());
+  if (all[leader].made != 1) {
+    throw LibraryError(what + " on set rank " + std::to_string(me) + ": " +
+                       (all[leader].made == 0
+                            ? "set rank " + std::to_string(leader) + " did not make its id"
+                            : "ncclGetUniqueId failed on set rank " + std::to_string(leader) +
+                                  "; see that rank's log (NCCL_DEBUG=WARN shows why)"));
+  }
+  return std::make_shared<NcclComm>(all[leader].id, group_rank, group_size, device, what);
 }
 
 NcclComm::~NcclComm() {

@@ -1,19 +1,49 @@
-// One NCCL communicator over the ranks of an MPI communicator: created
-// collectively (the unique id travels over MPI), used for launches by the
-// worker thread, polled for asynchronous errors and aborted by any thread.
-// See Note [NCCL calls from several threads].
+// One NCCL communicator over a group of a process set's ranks: created
+// collectively (the unique id travels over the set's channel, MPI or Gloo:
+// Note [NCCL bootstrap without MPI]), used for launches by the worker
+// thread, polled for asynchronous errors and aborted by any thread. See
+// Note [NCCL calls from several threads].
 #pragma once
 
-#include <mpi.h>
-
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include "gpu/gpu_events.h"
 #include "gpu/gpu_library.h"
+#include "transport/set_channel.h"
 
 namespace hvdcompat {
+
+// Note [NCCL bootstrap without MPI]
+// Every member of an NCCL communicator calls ncclCommInitRank with the same
+// ncclUniqueId, which one member makes with ncclGetUniqueId; carrying those
+// 128 bytes to the others is the caller's job. The engine makes its
+// communicators lazily, on the set's worker thread, when the set's first
+// CUDA response runs (Note [NCCL lanes]): only then is the device known
+// (after the script's torch.cuda.set_device), and a job that never
+// reduces a CUDA tensor never makes one. So the id travels over what that
+// worker already owns: the set's SetChannel (transport/set_channel.h), which
+// is the set's MPI communicator on the MPI controller and the set's Gloo
+// context (TCP pairs connected at init through the launch's store) on the
+// Gloo controller, where no MPI is initialised at all. It does not travel
+// through the launch's store itself: that store is a Python object, which
+// the engine calls only from an API thread (init, process-set creation,
+// the elastic reset), taking the GIL for each call (bindings/py_store.cc),
+// and engine threads never take the GIL. Making the communicators eagerly at
+// init, where the store could be used, would need the device before the
+// script chose it.
+//
+// One exchange serves every communicator of one kind: the set's ranks form
+// groups (the whole set; each node's ranks; the ranks of one local rank
+// across nodes), the lowest set rank of each group (its leader) makes the
+// group's id, and one allgather over the set's channel carries every
+// rank's (made, id) pair; each rank then joins with its leader's id. The
+// allgather also carries a leader's failure in ncclGetUniqueId, so that no
+// member waits for an id that never comes. An elastic reset aborts the old
+// world's communicators (Release) and the new world's first CUDA response
+// makes new ones, from new ids, over the new set's channel.
 
 // Note [NCCL calls from several threads]
 // Each process set has its own worker thread and its own communicators, and
@@ -38,10 +68,11 @@ class NcclComm : public AsyncErrorSource {
  public:
   static constexpr int kAbortGraceSeconds = 2;
 
-  // Collective over `mpi_comm` (every member, same order): its rank 0 makes
-  // the unique id, MPI broadcasts it, every rank joins on `device`.
-  // `what` names the communicator in errors. Throws LibraryError.
-  NcclComm(MPI_Comm mpi_comm, int device, std::string what);
+  // Joins the communicator of `id` as `rank` of `size` on `device`
+  // (ncclCommInitRank: blocks until every member joined). `what` names the
+  // communicator in errors. Throws LibraryError. MakeNcclComm below gets
+  // the id to every member first.
+  NcclComm(const ncclUniqueId& id, int rank, int size, int device, std::string what);
   // Destroys the communicator, or aborts it when an abort is still pending.
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
@@ -94,6 +125,14 @@ class NcclComm : public AsyncErrorSource {
   bool aborted_ = false;  // ncclCommAbort ran
   std::string error_;
 };
+
+// Collective over `channel`'s set (every rank, in the same order): makes
+// the communicator of this rank's group, whose leader (lowest set rank) is
+// `leader` and in which this rank is `group_rank` of `group_size`, on
+// `device` (Note [NCCL bootstrap without MPI]). Throws LibraryError, or
+// CommunicationError when the channel fails.
+std::shared_ptr<NcclComm> MakeNcclComm(SetChannel& channel, int leader, int group_rank,
+                                       int group_size, int device, const std::string& what);
 
 // The launch lock of `device` (process-wide).
 std::timed_mutex& DeviceLaunchMutex(int device);

@@ -1,22 +1,49 @@
 #include "ops/gpu_backends.h"
 
+#include "ops/gloo_ops.h"
 #include "ops/gpu_staging_ops.h"
 #include "ops/mpi_ops.h"
 #include "ops/nccl_ops.h"
+#include "transport/gloo_set_channel.h"
+#include "transport/mpi_set_channel.h"
 
 namespace hvdcompat {
+
+namespace {
+
+void Add(std::vector<std::unique_ptr<CollectiveBackend>>* backends,
+         std::unique_ptr<CollectiveBackend> host, std::unique_ptr<SetChannel> channel,
+         MPI_Comm adasum_comm, const Config& config, GpuContext* gpu) {
+  // Staging runs a host backend of its own (its scratch is its own).
+  auto staged = std::make_unique<StagedGpuBackend>(std::move(host), gpu);
+  if (config.gpu_operations_mpi) {
+    backends->push_back(std::move(staged));
+  } else {
+    backends->push_back(std::make_unique<NcclBackend>(std::move(channel), adasum_comm, config,
+                                                      gpu, std::move(staged)));
+  }
+}
+
+}  // namespace
 
 void AddGpuBackends(std::vector<std::unique_ptr<CollectiveBackend>>* backends, MPI_Comm comm,
                     const MpiOps* mpi_ops, const Config& config, GpuContext* gpu) {
   if (!gpu) return;
-  // Staging runs a host backend of its own (its scratch is its own).
-  auto staged = std::make_unique<StagedGpuBackend>(
-      std::make_unique<MpiBackend>(comm, mpi_ops, config), gpu);
-  if (config.gpu_operations_mpi) {
-    backends->push_back(std::move(staged));
-  } else {
-    backends->push_back(std::make_unique<NcclBackend>(comm, config, gpu, std::move(staged)));
+  Add(backends, std::make_unique<MpiBackend>(comm, mpi_ops, config),
+      std::make_unique<MpiSetChannel>(comm), comm, config, gpu);
+}
+
+void AddGpuBackendsOnGloo(std::vector<std::unique_ptr<CollectiveBackend>>* backends,
+                          std::shared_ptr<gloo::Context> context,
+                          const std::vector<int>& global_ranks, const Config& config,
+                          GpuContext* gpu) {
+  if (!gpu) return;
+  std::vector<std::string> hosts;
+  for (int g : global_ranks) {
+    hosts.push_back(g < static_cast<int>(config.rank_hosts.size()) ? config.rank_hosts[g] : "");
   }
+  Add(backends, std::make_unique<GlooBackend>(context, config, global_ranks),
+      std::make_unique<GlooSetChannel>(context, std::move(hosts)), MPI_COMM_NULL, config, gpu);
 }
 
 }  // namespace hvdcompat

@@ -19,7 +19,9 @@ std::string Describe(const Response& r) {
 }  // namespace
 
 StagedGpuBackend::StagedGpuBackend(std::unique_ptr<CollectiveBackend> host, GpuContext* gpu)
-    : host_(std::move(host)), gpu_(gpu) {}
+    : host_(std::move(host)),
+      name_(std::string(host_->name()) + " (staged through host memory)"),
+      gpu_(gpu) {}
 
 StagedGpuBackend::~StagedGpuBackend() {
   if (!stream_) return;

@@ -1,13 +1,15 @@
 // CUDA buffers through host memory: inputs are copied to page-locked host
 // memory on the engine's stream (after the producer's event), the host
-// backend (MPI) runs on the copies, and results are copied back. Used for
-// HOROVOD_GPU_OPERATIONS=MPI, where several ranks may share one GPU because
-// no NCCL communicator is created, and by the NCCL backend for what NCCL
-// cannot reduce. The worker waits for this stream (never the whole device):
-// host memory must be complete before MPI reads it.
+// backend (MPI, or Gloo on the Gloo controller) runs on the copies, and
+// results are copied back. Used for HOROVOD_GPU_OPERATIONS=MPI (or GLOO),
+// where several ranks may share one GPU because no NCCL communicator is
+// created, and by the NCCL backend for what NCCL cannot reduce. The worker
+// waits for this stream (never the whole device): host memory must be
+// complete before the host backend reads it.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu/device_memory.h"
@@ -23,7 +25,8 @@ class StagedGpuBackend : public CollectiveBackend {
   void SetAbortFlag(const std::atomic<bool>* abort) override { host_->SetAbortFlag(abort); }
   ~StagedGpuBackend() override;
 
-  const char* name() const override { return "MPI (staged through host memory)"; }
+  // "MPI (staged through host memory)", or Gloo's.
+  const char* name() const override { return name_.c_str(); }
   bool CanExecute(const Response& r) const override { return r.device != kCpuDevice; }
   void Execute(const Response& r, std::vector<ExecUnit>& units) override;
 
@@ -44,6 +47,7 @@ class StagedGpuBackend : public CollectiveBackend {
   void CopyResultsToDevice(DataType dtype, const char* host, std::vector<Staged>& staged);
 
   std::unique_ptr<CollectiveBackend> host_;
+  const std::string name_;
   GpuContext* gpu_;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;

@@ -13,9 +13,6 @@ void NcclBackend::SetupAdasum(const Response& r, Lane& lane) {
   if (!adasum_) {
     // Collective over the set: every rank reaches its first Adasum response together.
     SplitNodes();
-    int sizes[2] = {local_size_, -local_size_};
-    HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
-    nodes_even_ = sizes[0] == -sizes[1];
     adasum_ = std::make_unique<AdasumMpi>(cross_mpi_,
                                           local_size_ > 1 ? local_mpi_ : MPI_COMM_NULL);
   }
@@ -28,10 +25,12 @@ void NcclBackend::SetupAdasum(const Response& r, Lane& lane) {
         "rank through host memory.");
   }
   if (local_size_ > 1 && !lane.local) {
-    // Collective over the node (its ranks use the lanes in the same order).
-    lane.local = std::make_shared<NcclComm>(local_mpi_, device_,
-                                            "node-local NCCL communicator (Adasum)");
+    // Collective over the set (its ranks use the lanes in the same order).
+    auto local = NodeComm(true, "node-local NCCL communicator (Adasum)");
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    lane.local = local;
     lane.sources.push_back(lane.local);
+    if (abandoned_) local->Release("the job is being rebuilt (elastic reset)");
   }
 }
 

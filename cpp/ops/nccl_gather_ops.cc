@@ -1,13 +1,12 @@
 // The NCCL backend's collectives whose layout differs between ranks:
 // allgather (uneven first dimensions), alltoall (splits) and reducescatter
-// (uneven row counts). Counts travel over the set's MPI communicator, as in
-// the host backend.
+// (uneven row counts). Counts travel over the set's channel (MPI or Gloo),
+// as in the host backends.
 #include <algorithm>
 #include <climits>
 
 #include "core/checked_math.h"
 #include "gpu/gpu_check.h"
-#include "transport/mpi_util.h"
 #include "ops/collective_layout.h"
 #include "gpu/nccl_reduce.h"
 #include "ops/nccl_ops.h"
@@ -64,8 +63,7 @@ void NcclBackend::Allgather(const Response& r, std::vector<ExecUnit>& units, Lan
   const size_t n = tensors.size();
   std::vector<int64_t> mine(n), dims(n * size_);
   for (size_t i = 0; i < n; ++i) mine[i] = tensors[i].in->shape[0];
-  HVD_MPI_CHECK(comm_, MPI_Allgather(mine.data(), static_cast<int>(n), MPI_INT64_T, dims.data(),
-                                     static_cast<int>(n), MPI_INT64_T, comm_));
+  channel_->AllgatherFixed(mine.data(), n * sizeof(int64_t), dims.data());
   const GatherLayout g = PlanAllgather(dims, row_bytes, size_);
   std::vector<char*> outs(n);
   for (size_t i = 0; i < n; ++i) {
@@ -182,7 +180,7 @@ void NcclBackend::Alltoall(const Response& r, std::vector<ExecUnit>& units, Lane
     const int64_t row_bytes =
         CheckedMul(in.RowElements(), static_cast<int64_t>(esize), "alltoall: bytes of a row");
     const std::vector<int64_t>& send_rows = e->splits[0];
-    const std::vector<int64_t> recv_rows = ExchangeAlltoallRows(comm_, send_rows);
+    const std::vector<int64_t> recv_rows = channel_->AlltoallCounts(send_rows);
     Shape shape = in.shape;
     shape[0] = CheckedSum(recv_rows, "alltoall: rows received");
     // In bytes: the blocks travel as ncclUint8.

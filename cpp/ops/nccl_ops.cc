@@ -32,12 +32,16 @@ struct PeerInfo {
 
 }  // namespace
 
-NcclBackend::NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
+NcclBackend::NcclBackend(std::unique_ptr<SetChannel> channel, MPI_Comm adasum_comm,
+                         const Config& config, GpuContext* gpu,
                          std::unique_ptr<CollectiveBackend> fallback)
-    : comm_(comm), config_(config), gpu_(gpu), fallback_(std::move(fallback)) {
-  HVD_MPI_CHECK(comm_, MPI_Comm_rank(comm_, &rank_));
-  HVD_MPI_CHECK(comm_, MPI_Comm_size(comm_, &size_));
-}
+    : channel_(std::move(channel)),
+      adasum_comm_(adasum_comm),
+      config_(config),
+      gpu_(gpu),
+      fallback_(std::move(fallback)),
+      rank_(channel_->rank()),
+      size_(channel_->size()) {}
 
 NcclBackend::~NcclBackend() {
   watchdog_.reset();  // it holds communicators; the drain below polls them instead
@@ -75,11 +79,13 @@ NcclBackend::~NcclBackend() {
       HVD_LOG(kWarning) << "releasing the NCCL backend failed: " << e.what();
     }
   }
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) {
-    if (local_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&local_mpi_);
-    if (cross_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&cross_mpi_);
+  if (local_mpi_ != MPI_COMM_NULL || cross_mpi_ != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      if (local_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&local_mpi_);
+      if (cross_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&cross_mpi_);
+    }
   }
 }
 
@@ -95,8 +101,7 @@ void NcclBackend::Setup() {
   gethostname(me.host, sizeof(me.host) - 1);
   HVD_CUDA_CHECK(Cuda().DeviceGetPCIBusId(me.bus, static_cast<int>(sizeof(me.bus)) - 1, device_));
   std::vector<PeerInfo> peers(size_);
-  HVD_MPI_CHECK(comm_, MPI_Allgather(&me, sizeof(PeerInfo), MPI_BYTE, peers.data(),
-                                     sizeof(PeerInfo), MPI_BYTE, comm_));
+  channel_->AllgatherFixed(&me, sizeof(PeerInfo), peers.data());
   version_ = me.version;
   std::map<std::string, int> owner;
   std::ostringstream dup;
@@ -117,7 +122,7 @@ void NcclBackend::Setup() {
         ". Expected each rank on its own device, cuda:<hvd.local_rank()>: call "
         "torch.cuda.set_device(hvd.local_rank()) before creating tensors. To share GPUs "
         "between ranks, set HOROVOD_GPU_OPERATIONS=MPI (collectives then go through host "
-        "memory).");
+        "memory and " + std::string(channel_->name()) + ").");
   }
   has_premul_ = version_ >= kNcclVersionPreMulSum && nccl.RedOpCreatePreMulSum && nccl.RedOpDestroy;
 
@@ -131,8 +136,8 @@ void NcclBackend::Setup() {
         std::lock_guard<std::mutex> lock(lanes_mu_);
         lanes_.push_back(std::move(made));
       }
-      auto comm = std::make_shared<NcclComm>(
-          comm_, device_, "NCCL communicator " + std::to_string(i) + " of this process set");
+      auto comm = MakeNcclComm(*channel_, 0, rank_, size_, device_,
+                               "NCCL communicator " + std::to_string(i) + " of this process set");
       std::lock_guard<std::mutex> lock(lanes_mu_);
       lane.comm = comm;
       lane.sources.push_back(lane.comm);
@@ -176,40 +181,59 @@ void NcclBackend::Abandon(const std::string& why) {
   for (auto& c : comms) c->Release(why);
 }
 
+void NcclBackend::LayOutNodes() {
+  if (!node_of_.empty()) return;
+  std::vector<int> node = channel_->NodeOf(static_cast<int>(config_.hierarchical_local_size));
+  HVD_ENFORCE_EQ(static_cast<int>(node.size()), size_, "node layout of the set");
+  std::vector<int> local_rank(size_, 0);
+  std::map<int, int> ranks_on;  // node -> ranks on it
+  for (int r = 0; r < size_; ++r) local_rank[r] = ranks_on[node[r]]++;
+  local_rank_ = local_rank[rank_];
+  local_size_ = ranks_on[node[rank_]];
+  cross_size_ = 0;
+  for (int r = 0; r < size_; ++r) cross_size_ += local_rank[r] == local_rank_ ? 1 : 0;
+  nodes_even_ = true;
+  for (const auto& n : ranks_on) nodes_even_ = nodes_even_ && n.second == local_size_;
+  node_of_ = std::move(node);
+}
+
+std::shared_ptr<NcclComm> NcclBackend::NodeComm(bool local, const std::string& what) {
+  std::vector<int> place(size_);  // each rank's local rank
+  std::map<int, int> seen;
+  for (int r = 0; r < size_; ++r) place[r] = seen[node_of_[r]]++;
+  int leader = -1, group_rank = 0;
+  for (int r = 0; r < size_; ++r) {
+    const bool member = local ? node_of_[r] == node_of_[rank_] : place[r] == local_rank_;
+    if (!member) continue;
+    if (leader < 0) leader = r;
+    if (r < rank_) ++group_rank;
+  }
+  return MakeNcclComm(*channel_, leader, group_rank, local ? local_size_ : cross_size_, device_,
+                      what);
+}
+
 void NcclBackend::SplitNodes() {
   if (local_mpi_ != MPI_COMM_NULL) return;
-  const int per_node = static_cast<int>(config_.hierarchical_local_size);
-  if (per_node > 0) {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, rank_ / per_node, rank_, &local_mpi_));
-  } else {
-    HVD_MPI_CHECK(comm_, MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_,
-                                             MPI_INFO_NULL, &local_mpi_));
-  }
-  HVD_MPI_CHECK(local_mpi_, MPI_Comm_rank(local_mpi_, &local_rank_));
-  HVD_MPI_CHECK(local_mpi_, MPI_Comm_size(local_mpi_, &local_size_));
-  HVD_MPI_CHECK(comm_, MPI_Comm_split(comm_, local_rank_, rank_, &cross_mpi_));
-  HVD_MPI_CHECK(cross_mpi_, MPI_Comm_size(cross_mpi_, &cross_size_));
+  LayOutNodes();
+  HVD_MPI_CHECK(adasum_comm_,
+                MPI_Comm_split(adasum_comm_, node_of_[rank_], rank_, &local_mpi_));
+  HVD_MPI_CHECK(adasum_comm_, MPI_Comm_split(adasum_comm_, local_rank_, rank_, &cross_mpi_));
 }
 
 void NcclBackend::SetupHierarchy() {
-  SplitNodes();
-  int sizes[2] = {local_size_, -local_size_};
-  HVD_MPI_CHECK(comm_, MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
-  const bool homogeneous = sizes[0] == -sizes[1];
-  hierarchical_ = homogeneous && local_size_ > 1 && cross_size_ > 1;
+  LayOutNodes();
+  hierarchical_ = nodes_even_ && local_size_ > 1 && cross_size_ > 1;
   if (!hierarchical_) {
     HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLREDUCE: using the flat allreduce ("
-                   << (homogeneous ? "one node, or one rank per node"
+                   << (nodes_even_ ? "one node, or one rank per node"
                                    : "nodes run different numbers of ranks")
                    << ")";
     return;
   }
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
-    auto local = std::make_shared<NcclComm>(local_mpi_, device_,
-                                            "node-local NCCL communicator " + std::to_string(i));
-    auto cross = std::make_shared<NcclComm>(cross_mpi_, device_,
-                                            "cross-node NCCL communicator " + std::to_string(i));
+    auto local = NodeComm(true, "node-local NCCL communicator " + std::to_string(i));
+    auto cross = NodeComm(false, "cross-node NCCL communicator " + std::to_string(i));
     std::lock_guard<std::mutex> lock(lanes_mu_);
     lane.local = local;
     lane.cross = cross;
@@ -230,6 +254,7 @@ bool NcclBackend::Supports(const Response& r) const {
   switch (r.op) {
     case OpType::kAllreduce:
       if (r.reduce_op == ReduceOp::kAdasum) {
+        if (adasum_comm_ == MPI_COMM_NULL) return false;  // Note [GPU Adasum]
         ncclDataType_t type;
         return NcclReduceType(r.dtype, version_, &type);
       }

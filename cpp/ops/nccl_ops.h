@@ -18,6 +18,7 @@
 #include "ops/adasum_mpi.h"
 #include "ops/collective_layout.h"
 #include "ops/backend.h"
+#include "transport/set_channel.h"
 
 namespace hvdcompat {
 
@@ -35,7 +36,10 @@ namespace hvdcompat {
 // Everything is set up by the first CUDA response (collective over the
 // set): the device, every rank's NCCL version (features are used only when
 // the oldest copy in the set has them), a check that no two ranks of a node
-// share a GPU, the lanes and their communicators.
+// share a GPU, the lanes and their communicators, whose unique ids travel
+// over the set's channel, MPI or Gloo (Note [NCCL bootstrap without MPI],
+// gpu/nccl_comm.h). The hierarchical allreduce's node-local and cross-node
+// communicators group the set's ranks by SetChannel::NodeOf.
 //
 // What NCCL cannot reduce goes to the host-staged backend instead (int16;
 // Min/Max/Product or integer dtypes with scale factors; bfloat16 before NCCL
@@ -67,9 +71,12 @@ namespace hvdcompat {
 // send/receive pairs (one kernel), so launches do not grow with the set.
 class NcclBackend : public CollectiveBackend {
  public:
+  // `channel` carries the set's host-side exchanges (owned here);
+  // `adasum_comm` is the set's MPI communicator for GPU Adasum's cross-node
+  // step (MPI_COMM_NULL on the Gloo controller: Adasum goes to `fallback`);
   // `fallback` runs the responses NCCL cannot (owned here).
-  NcclBackend(MPI_Comm comm, const Config& config, GpuContext* gpu,
-              std::unique_ptr<CollectiveBackend> fallback);
+  NcclBackend(std::unique_ptr<SetChannel> channel, MPI_Comm adasum_comm, const Config& config,
+              GpuContext* gpu, std::unique_ptr<CollectiveBackend> fallback);
   // The fallback's host waits end with it; NCCL's own waits have the watchdog.
   void SetAbortFlag(const std::atomic<bool>* abort) override { fallback_->SetAbortFlag(abort); }
   ~NcclBackend() override;
@@ -97,6 +104,11 @@ class NcclBackend : public CollectiveBackend {
   };
 
   void Setup();
+  // node_of_, local_rank_, local_size_, cross_size_, nodes_even_ (once).
+  void LayOutNodes();
+  // A communicator over this rank's node ("local") or over the ranks of its
+  // local rank on every node ("cross"); collective over the set.
+  std::shared_ptr<NcclComm> NodeComm(bool local, const std::string& what);
   void SetupHierarchy();
   bool Supports(const Response& r) const;
   NcclReducePlan Plan(const Response& r, bool hierarchical) const;
@@ -127,7 +139,8 @@ class NcclBackend : public CollectiveBackend {
   void Reducescatter(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   void CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane);
 
-  MPI_Comm comm_;  // the set's; worker thread only
+  std::unique_ptr<SetChannel> channel_;  // worker thread only
+  MPI_Comm adasum_comm_;  // the set's MPI communicator, or MPI_COMM_NULL on Gloo
   Config config_;
   GpuContext* gpu_;
   std::unique_ptr<CollectiveBackend> fallback_;
@@ -149,15 +162,16 @@ class NcclBackend : public CollectiveBackend {
   std::unique_ptr<CompletionWatchdog> watchdog_;  // with HOROVOD_ENABLE_ASYNC_COMPLETION
 
   bool hierarchical_ = false;
-  MPI_Comm local_mpi_ = MPI_COMM_NULL;
-  MPI_Comm cross_mpi_ = MPI_COMM_NULL;
+  std::vector<int> node_of_;  // by set rank: the lowest set rank of its node; empty until laid out
+  bool nodes_even_ = false;  // every node runs the same number of ranks
   int local_rank_ = 0;
   int local_size_ = 1;
   int cross_size_ = 1;
+  MPI_Comm local_mpi_ = MPI_COMM_NULL;  // GPU Adasum on MPI
+  MPI_Comm cross_mpi_ = MPI_COMM_NULL;
 
   // GPU Adasum: the cross-node reduction and its host memory.
   std::unique_ptr<AdasumMpi> adasum_;
-  bool nodes_even_ = false;  // every node runs the same number of ranks
   PinnedScratch adasum_pinned_;
   HostScratch adasum_wide_;
 };

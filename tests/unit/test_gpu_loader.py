@@ -134,13 +134,13 @@ def test_built_queries_with_a_loadable_gpu_stack(fake_gpu_lib):
         assert info["nccl_version_string"] == "2.18.5", info
         print("ok")
     """, HVDCOMPAT_CUDART_LIB=fake_gpu_lib, HVDCOMPAT_NCCL_LIB=fake_gpu_lib)
-    # Under HOROVOD_GPU_OPERATIONS=MPI the CUDA runtime alone is enough.
+    # Under HOROVOD_GPU_OPERATIONS=MPI (GLOO is the same setting) the CUDA runtime alone is enough.
     _run("""
         import hvdcompat as hvd
         assert hvd.nccl_built() == 0 and hvd.cuda_built() is True
         print("ok")
     """, HVDCOMPAT_CUDART_LIB=fake_gpu_lib, HVDCOMPAT_NCCL_LIB=MISSING,
-         HOROVOD_GPU_OPERATIONS="MPI")
+         HOROVOD_GPU_OPERATIONS="GLOO")
 
 
 def test_cuda_tensor_without_nccl_is_a_clear_value_error():
@@ -221,7 +221,7 @@ def test_gpu_operations_is_read_at_init():
         import os
         import hvdcompat as hvd
         from hvdcompat.basics import _core
-        for value, expected in (("nccl", "NCCL"), ("MPI", "MPI"), ("", "NCCL")):
+        for value, expected in (("nccl", "NCCL"), ("MPI", "MPI"), ("gloo", "MPI"), ("", "NCCL")):
             os.environ["HOROVOD_GPU_OPERATIONS"] = value
             hvd.init()
             assert _core.config()["gpu_operations"] == expected, (value, _core.config())
@@ -230,7 +230,7 @@ def test_gpu_operations_is_read_at_init():
         try:
             hvd.init()
         except ValueError as e:
-            assert "HOROVOD_GPU_OPERATIONS=NCCCL is not valid: expected NCCL or MPI" in str(e), e
+            assert "HOROVOD_GPU_OPERATIONS=NCCCL is not valid: expected NCCL, MPI or GLOO" in str(e), e
         else:
             raise AssertionError("accepted")
         print("ok")
