@@ -12,6 +12,11 @@ syncs in cudaFree), and the fake counts ordering mistakes, so the stream rules
 of Note [GPU stream order] are checked here; what it cannot show is a real
 GPU's speed and kernels. The device script (tests/gpu/run_device_checks.sh)
 covers that on a GPU.
+
+The same checks run on the Gloo controller (hvdcompatrun --gloo, no MPI launcher): CUDA tensors
+on NCCL with the unique ids carried over each set's Gloo context, host staging through the Gloo
+backend, process sets, the hierarchical communicators, an elastic reset; every rank asserts that
+MPI was never initialised and that every communicator was joined by each of its ranks.
 """
 
 import os
@@ -30,16 +35,16 @@ def fake_lib(fake_gpu_lib):
     return fake_gpu_lib
 
 
-def _launch(fake_lib, tmp_path, np, mode="full", **env):
+def _launch(fake_lib, tmp_path, np, mode="full", controller="mpi", passing=None, **env):
     nccl_dir = tmp_path / "nccl"
     nccl_dir.mkdir()
     full = {"HVDCOMPAT_CUDART_LIB": fake_lib, "HVDCOMPAT_NCCL_LIB": fake_lib,
-            "FAKE_NCCL_DIR": str(nccl_dir), "CHECK_MODE": mode}
+            "FAKE_NCCL_DIR": str(nccl_dir), "CHECK_MODE": mode, "CHECK_CONTROLLER": controller}
     full.update({k: str(v) for k, v in env.items()})
     result = run_ranks(np, [sys.executable, CHECKS], timeout=TIMEOUT, env=full,
-                       what=f"GPU checks ({mode})")
+                       what=f"GPU checks ({mode}, {controller})", controller=controller)
     passed = result.output.count(f"CHECKS PASSED ({mode})")
-    assert passed == np, result.output
+    assert passed == (np if passing is None else passing), result.output
     return result
 
 
@@ -110,5 +115,32 @@ def test_elastic_reset_after_a_lost_rank_aborts_the_old_communicators(fake_lib, 
     assert not result.timed_out, out
     assert "rank 1: LEAVING THE JOB" in out, out
     assert out.count("CHECKS PASSED (elastic_reset)") == 2, out
+    for new_rank, old_rank in ((0, 0), (1, 2)):
+        assert f"rank {new_rank}: old rank {old_rank} of 3, communicator" in out, out
+
+
+@pytest.mark.parametrize("np,mode,env", [
+    (2, "full", {}),
+    (4, "full", {"HOROVOD_NUM_NCCL_STREAMS": 2, "HOROVOD_HIERARCHICAL_ALLREDUCE": 1,
+                 "HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE": 2}),
+    (3, "shared", {"HOROVOD_GPU_OPERATIONS": "GLOO", "CHECK_DEVICE": 0}),
+    (3, "process_sets", {"FAKE_NCCL_CALL_US": 2000}),
+], ids=["np2", "np4-hierarchical-2lanes", "np3-staged-through-gloo", "np3-process-sets"])
+def test_gloo_controller_runs_cuda_tensors_without_mpi(fake_lib, tmp_path, np, mode, env):
+    # Every lane's, node's and set's communicator gets its unique id over Gloo; rank_checks
+    # asserts MPI_Initialized is false and that each communicator was joined by all its ranks.
+    result = _launch(fake_lib, tmp_path, np, mode, controller="gloo", **env)
+    if mode != "shared":
+        assert "each joined by every member" in result.output, result.output
+    assert "MPI initialised: True" not in result.output, result.output
+
+
+def test_gloo_elastic_reset_after_a_lost_rank_makes_new_communicators(fake_lib, tmp_path):
+    # The survivors' reset through the store aborts the old communicator; the new world's first
+    # CUDA collective makes one from a new unique id, carried over the new Gloo context.
+    result = _launch(fake_lib, tmp_path, 3, "elastic_reset", controller="gloo", passing=2,
+                     CHECK_LOSE_RANK=1)
+    out = result.output
+    assert "rank 1: LEAVING THE JOB" in out, out
     for new_rank, old_rank in ((0, 0), (1, 2)):
         assert f"rank {new_rank}: old rank {old_rank} of 3, communicator" in out, out

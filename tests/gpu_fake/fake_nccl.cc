@@ -76,6 +76,7 @@ struct FakeComm {
 std::mutex g_abort_mu;
 std::mutex g_ids_mu;
 std::string g_comm_ids;  // the unique id of every communicator made here, one per line
+std::string g_comm_members;  // "<unique id> <rank> <nranks>" of each of them, one per line
 std::condition_variable g_abort_cv;
 std::atomic<int> g_device_calls[64];
 
@@ -335,6 +336,16 @@ int fake_nccl_comm_ids(char* out, int len) {
   return static_cast<int>(g_comm_ids.size());
 }
 
+// The same communicators as "<unique id> <rank> <nranks>" lines: which rank
+// of how many this process joined each one as.
+int fake_nccl_comm_members(char* out, int len) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  if (len > 0) {
+    std::snprintf(out, static_cast<size_t>(len), "%s", g_comm_members.c_str());
+  }
+  return static_cast<int>(g_comm_members.size());
+}
+
 ncclResult_t ncclGetVersion(int* v) { *v = EnvInt("FAKE_NCCL_VERSION", 21805); return ncclSuccess; }
 const char* ncclGetErrorString(ncclResult_t r) {
   static thread_local char buf[64];
@@ -365,6 +376,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   {
     std::lock_guard<std::mutex> lock(g_ids_mu);
     g_comm_ids += std::string(id.internal) + "\n";
+    g_comm_members += std::string(id.internal) + " " + std::to_string(rank) + " " +
+                      std::to_string(nranks) + "\n";
   }
   return ncclSuccess;
 }

@@ -1,6 +1,7 @@
 """GPU data-plane checks run on every rank against the host-only fake CUDA/NCCL.
 
-Launched by tests/test_gpu_fake.py under mpirun with HVDCOMPAT_CUDART_LIB and
+Launched by tests/test_gpu_fake.py under mpirun (the MPI controller) or hvdcompatrun --gloo
+(the Gloo controller, where MPI must never be initialised) with HVDCOMPAT_CUDART_LIB and
 HVDCOMPAT_NCCL_LIB pointing at tests/gpu_fake/libfakegpu.so. "Device" buffers
 are numpy arrays (the fake's device memory is host memory), handed to the
 core as CUDA buffers (device index >= 0) with a stream handle, exactly as the
@@ -254,7 +255,7 @@ def check_uneven_allgather_launches():
         close(from_capsule(outs[0], np.float32), want, "float32", f"uneven allgather {rows}")
         delta = {k: after[k] - before[k] for k in ("allgathers", "broadcasts", "sends", "recvs",
                                                     "groups")}
-        if os.environ.get("HOROVOD_GPU_OPERATIONS") == "MPI":
+        if os.environ.get("HOROVOD_GPU_OPERATIONS") in ("MPI", "GLOO"):
             assert not any(delta.values()), delta  # host staging: no NCCL at all
             continue
         assert delta["broadcasts"] == 0, delta
@@ -474,6 +475,26 @@ def check_adasum():
         assert after["allgathers"] > before["allgathers"], "no node-local allgather"
 
 
+def check_adasum_on_gloo():
+    """On the Gloo controller GPU Adasum goes through host memory to the Gloo backend: it runs
+    there as host Adasum over every rank, or is refused as on host tensors, naming the op, the
+    tensor and what to do."""
+    xs = [make(np.linspace(-1.0, 1.0, 9) * (RANK + 1) + RANK, "float32")]
+    h = enqueue("allreduce", "gpu_adasum", [d(x, "float32") for x in xs],
+                [d(x, "float32") for x in xs], Adasum)
+    code, msg = _status(h, CONSUMER)
+    if code == _core.Status.ok:
+        assert FAKE.cudaStreamSynchronize(ctypes.c_void_p(CONSUMER)) == 0
+        want = _adasum_tree([np.linspace(-1.0, 1.0, 9) * (r + 1) + r for r in range(SIZE)])
+        close(xs[0], want, "float32", "GPU Adasum through Gloo")
+    else:
+        assert code == _core.STATUS["invalid_argument"], (code, msg)
+        assert "gpu_adasum.check" in msg and "Adasum" in msg and "MPI controller" in msg, msg
+    if RANK == 0:
+        print(f"rank 0: GPU Adasum on Gloo: {'ran' if code == _core.Status.ok else msg}",
+              flush=True)
+
+
 def run_full():
     check_allreduce_every_dtype()
     check_default_stream_of_the_tensors_device()
@@ -488,6 +509,8 @@ def run_full():
     check_reducescatter()
     check_many_in_flight()
     check_poll_and_no_stream()
+    if os.environ.get("CHECK_CONTROLLER") == "gloo":
+        check_adasum_on_gloo()
     check_join()
     check_memory_pool()
 
@@ -608,6 +631,43 @@ def run_duplicate_device():
     assert "cuda:<hvd.local_rank()>" in msg, msg
 
 
+def mpi_initialized():
+    """Whether MPI_Init ran in this process (asked of the MPI library the core links)."""
+    flag = ctypes.c_int(0)
+    assert ctypes.CDLL(_core.__file__).MPI_Initialized(ctypes.byref(flag)) == 0
+    return bool(flag.value)
+
+
+def check_controller():
+    """On the Gloo controller nothing of MPI runs: the engine's unique ids travelled over Gloo."""
+    if os.environ.get("CHECK_CONTROLLER") == "gloo":
+        assert hvd.gloo_enabled() and not hvd.mpi_enabled(), (hvd.gloo_enabled(), hvd.mpi_enabled())
+        assert not mpi_initialized(), "MPI was initialised on the Gloo controller"
+
+
+def check_every_member_joined(expected=None):
+    """Every NCCL communicator made in the job was joined once by each of its ranks 0..n-1 with
+    the same unique id: the id its leader made reached every member (Note [NCCL bootstrap without
+    MPI]). `expected`: how many communicators the job made in all."""
+    buf = ctypes.create_string_buffer(1 << 16)
+    FAKE.fake_nccl_comm_members(buf, len(buf))
+    mine = [(i, int(r), int(n)) for i, r, n in (line.split() for line in
+                                                 buf.value.decode().splitlines())]
+    joined = {}
+    for rank, comms in enumerate(hvd.allgather_object(mine, name="nccl_comm_members")):
+        for uid, r, n in comms:
+            joined.setdefault(uid, []).append((r, n, rank))
+    for uid, members in joined.items():
+        sizes = {n for _, n, _ in members}
+        assert len(sizes) == 1 and sorted(r for r, _, _ in members) == list(range(sizes.pop())), \
+            f"communicator {uid} was not joined once by each of its ranks: (rank, size, by) {members}"
+    assert expected is None or len(joined) == expected, (expected, joined)
+    if RANK == 0:
+        print(f"rank 0: {len(joined)} NCCL communicator(s), each joined by every member "
+              f"({', '.join(str(len(m)) for m in joined.values())} ranks); MPI initialised: "
+              f"{mpi_initialized()}", flush=True)
+
+
 def comm_ids():
     """Unique ids of the NCCL communicators made on this rank so far, in creation order."""
     buf = ctypes.create_string_buffer(4096)
@@ -660,6 +720,7 @@ def run_elastic_reset():
     # Every member of the new world joined the same new communicator.
     peers = hvd.allgather_object(ids[1])
     assert len(set(peers)) == 1, peers
+    check_controller()
     print(f"rank {RANK}: old rank {old_rank} of {old_size}, communicator {ids[0]} aborted, "
           f"new one {ids[1]} over {SIZE} rank(s)", flush=True)
 
@@ -674,6 +735,8 @@ elif MODE == "abort_during_launch":
     run_abort_during_launch()
 elif MODE == "process_sets":
     run_process_sets()
+    check_controller()
+    check_every_member_joined(expected=len(SETS))
 elif MODE == "duplicate":
     run_duplicate_device()
 elif MODE == "elastic_reset":
@@ -688,6 +751,11 @@ else:
     if MODE == "full" and os.environ.get("FAKE_NCCL_VERSION") is None:
         per_lane = 3 if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1" else 1
         assert s["comms_live"] == expect_lanes * per_lane, s
+        # Per lane: the whole set's, and with the hierarchy each node's and each local rank's.
+        per_node = int(os.environ.get("HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE", "0"))
+        groups = 1 + (SIZE // per_node + per_node if per_lane == 3 else 0)
+        check_every_member_joined(expected=expect_lanes * groups)
+    check_controller()
 
 hvd.shutdown()
 for handle in (PRODUCER, CONSUMER):
