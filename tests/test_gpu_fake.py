@@ -14,9 +14,10 @@ GPU's speed and kernels. The device script (tests/gpu/run_device_checks.sh)
 covers that on a GPU.
 
 The same checks run on the Gloo controller (hvdcompatrun --gloo, no MPI launcher): CUDA tensors
-on NCCL with the unique ids carried over each set's Gloo context, host staging through the Gloo
-backend, process sets, the hierarchical communicators, an elastic reset; every rank asserts that
-MPI was never initialised and that every communicator was joined by each of its ranks.
+on NCCL with the unique ids carried over each set's Gloo context, GPU Adasum with its cross-node
+step over Gloo, host staging through the Gloo backend, process sets, the hierarchical
+communicators, an elastic reset; every rank asserts that MPI was never initialised and that
+every communicator was joined by each of its ranks.
 """
 
 import os

@@ -4,7 +4,6 @@
 #include <mpi.h>
 
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "core/env.h"
@@ -26,9 +25,10 @@ namespace hvdcompat {
 void AddGpuBackends(std::vector<std::unique_ptr<CollectiveBackend>>* backends, MPI_Comm comm,
                     const MpiOps* mpi_ops, const Config& config, GpuContext* gpu);
 
-// The same on the Gloo controller: NCCL with its unique ids carried over the
-// set's Gloo context (Note [NCCL bootstrap without MPI], gpu/nccl_comm.h),
-// host staging through the Gloo backend. `global_ranks`: the set's members.
+// The same on the Gloo controller: NCCL with its unique ids (and GPU
+// Adasum's cross-node step) carried over the set's Gloo context (Note [NCCL
+// bootstrap without MPI], gpu/nccl_comm.h), host staging through the Gloo
+// backend. `global_ranks`: the set's members (their hosts make the nodes).
 void AddGpuBackendsOnGloo(std::vector<std::unique_ptr<CollectiveBackend>>* backends,
                           std::shared_ptr<gloo::Context> context,
                           const std::vector<int>& global_ranks, const Config& config,

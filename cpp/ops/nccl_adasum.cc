@@ -4,7 +4,6 @@
 #include "ops/cpu_kernels.h"
 #include "gpu/gpu_check.h"
 #include "gpu/gpu_library.h"
-#include "transport/mpi_util.h"
 #include "ops/nccl_ops.h"
 
 namespace hvdcompat {
@@ -12,9 +11,9 @@ namespace hvdcompat {
 void NcclBackend::SetupAdasum(const Response& r, Lane& lane) {
   if (!adasum_) {
     // Collective over the set: every rank reaches its first Adasum response together.
-    SplitNodes();
-    adasum_ = std::make_unique<AdasumMpi>(cross_mpi_,
-                                          local_size_ > 1 ? local_mpi_ : MPI_COMM_NULL);
+    LayOutNodes();
+    adasum_peers_ = make_adasum_peers_(groups_);
+    adasum_ = std::make_unique<Adasum>(adasum_peers_.get());
   }
   if (!nodes_even_) {
     throw InvalidArgument(

@@ -32,11 +32,11 @@ struct PeerInfo {
 
 }  // namespace
 
-NcclBackend::NcclBackend(std::unique_ptr<SetChannel> channel, MPI_Comm adasum_comm,
-                         const Config& config, GpuContext* gpu,
-                         std::unique_ptr<CollectiveBackend> fallback)
+NcclBackend::NcclBackend(std::unique_ptr<SetChannel> channel,
+                         NodeAdasumPeersFactory adasum_peers, const Config& config,
+                         GpuContext* gpu, std::unique_ptr<CollectiveBackend> fallback)
     : channel_(std::move(channel)),
-      adasum_comm_(adasum_comm),
+      make_adasum_peers_(std::move(adasum_peers)),
       config_(config),
       gpu_(gpu),
       fallback_(std::move(fallback)),
@@ -77,14 +77,6 @@ NcclBackend::~NcclBackend() {
       lanes_.clear();
     } catch (const std::exception& e) {
       HVD_LOG(kWarning) << "releasing the NCCL backend failed: " << e.what();
-    }
-  }
-  if (local_mpi_ != MPI_COMM_NULL || cross_mpi_ != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-      if (local_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&local_mpi_);
-      if (cross_mpi_ != MPI_COMM_NULL) MPI_Comm_free(&cross_mpi_);
     }
   }
 }
@@ -182,47 +174,25 @@ void NcclBackend::Abandon(const std::string& why) {
 }
 
 void NcclBackend::LayOutNodes() {
-  if (!node_of_.empty()) return;
-  std::vector<int> node = channel_->NodeOf(static_cast<int>(config_.hierarchical_local_size));
-  HVD_ENFORCE_EQ(static_cast<int>(node.size()), size_, "node layout of the set");
-  std::vector<int> local_rank(size_, 0);
-  std::map<int, int> ranks_on;  // node -> ranks on it
-  for (int r = 0; r < size_; ++r) local_rank[r] = ranks_on[node[r]]++;
-  local_rank_ = local_rank[rank_];
-  local_size_ = ranks_on[node[rank_]];
-  cross_size_ = 0;
-  for (int r = 0; r < size_; ++r) cross_size_ += local_rank[r] == local_rank_ ? 1 : 0;
-  nodes_even_ = true;
-  for (const auto& n : ranks_on) nodes_even_ = nodes_even_ && n.second == local_size_;
-  node_of_ = std::move(node);
+  if (laid_out_) return;
+  const std::vector<std::string> labels = channel_->NodeLabels();
+  HVD_ENFORCE_EQ(static_cast<int>(labels.size()), size_, "node labels of the set");
+  groups_ = GroupByNode(labels, rank_);
+  nodes_even_ = groups_.min_local == groups_.max_local;
+  local_rank_ = groups_.local_rank;
+  local_size_ = static_cast<int>(groups_.local.size());
+  laid_out_ = true;
 }
 
 std::shared_ptr<NcclComm> NcclBackend::NodeComm(bool local, const std::string& what) {
-  std::vector<int> place(size_);  // each rank's local rank
-  std::map<int, int> seen;
-  for (int r = 0; r < size_; ++r) place[r] = seen[node_of_[r]]++;
-  int leader = -1, group_rank = 0;
-  for (int r = 0; r < size_; ++r) {
-    const bool member = local ? node_of_[r] == node_of_[rank_] : place[r] == local_rank_;
-    if (!member) continue;
-    if (leader < 0) leader = r;
-    if (r < rank_) ++group_rank;
-  }
-  return MakeNcclComm(*channel_, leader, group_rank, local ? local_size_ : cross_size_, device_,
-                      what);
-}
-
-void NcclBackend::SplitNodes() {
-  if (local_mpi_ != MPI_COMM_NULL) return;
-  LayOutNodes();
-  HVD_MPI_CHECK(adasum_comm_,
-                MPI_Comm_split(adasum_comm_, node_of_[rank_], rank_, &local_mpi_));
-  HVD_MPI_CHECK(adasum_comm_, MPI_Comm_split(adasum_comm_, local_rank_, rank_, &cross_mpi_));
+  const std::vector<int>& members = local ? groups_.local : groups_.cross;
+  return MakeNcclComm(*channel_, members.front(), local ? groups_.local_rank : groups_.cross_rank,
+                      static_cast<int>(members.size()), device_, what);
 }
 
 void NcclBackend::SetupHierarchy() {
   LayOutNodes();
-  hierarchical_ = nodes_even_ && local_size_ > 1 && cross_size_ > 1;
+  hierarchical_ = nodes_even_ && local_size_ > 1 && groups_.cross.size() > 1;
   if (!hierarchical_) {
     HVD_LOG(kInfo) << "HOROVOD_HIERARCHICAL_ALLREDUCE: using the flat allreduce ("
                    << (nodes_even_ ? "one node, or one rank per node"
@@ -254,7 +224,6 @@ bool NcclBackend::Supports(const Response& r) const {
   switch (r.op) {
     case OpType::kAllreduce:
       if (r.reduce_op == ReduceOp::kAdasum) {
-        if (adasum_comm_ == MPI_COMM_NULL) return false;  // Note [GPU Adasum]
         ncclDataType_t type;
         return NcclReduceType(r.dtype, version_, &type);
       }

@@ -2,8 +2,6 @@
 // stream rules, Note [GPU stream order] (cpp/gpu/gpu_events.h).
 #pragma once
 
-#include <mpi.h>
-
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,7 +13,9 @@
 #include "gpu/gpu_watchdog.h"
 #include "gpu/nccl_comm.h"
 #include "gpu/nccl_reduce.h"
-#include "ops/adasum_mpi.h"
+#include "ops/adasum.h"
+#include "ops/gpu_adasum_peers.h"
+#include "ops/node_layout.h"
 #include "ops/collective_layout.h"
 #include "ops/backend.h"
 #include "transport/set_channel.h"
@@ -39,7 +39,7 @@ namespace hvdcompat {
 // share a GPU, the lanes and their communicators, whose unique ids travel
 // over the set's channel, MPI or Gloo (Note [NCCL bootstrap without MPI],
 // gpu/nccl_comm.h). The hierarchical allreduce's node-local and cross-node
-// communicators group the set's ranks by SetChannel::NodeOf.
+// communicators group the set's ranks by SetChannel::NodeLabels.
 //
 // What NCCL cannot reduce goes to the host-staged backend instead (int16;
 // Min/Max/Product or integer dtypes with scale factors; bfloat16 before NCCL
@@ -56,9 +56,10 @@ namespace hvdcompat {
 // host memory, scales it by prescale * postscale / L (the node's average;
 // Adasum's coefficients do not change when both operands are scaled), and
 // the ranks holding the same shard on different nodes combine it by Adasum
-// (ops/adasum_mpi.h: the cross-node communicator, with partial dot products
-// also summed over the node's ranks, so each tensor's coefficients are those
-// of the whole tensor); an NCCL allgather inside the node reassembles the
+// (ops/adasum.h over ops/gpu_adasum_peers.h: MPI messages on the MPI
+// controller, Gloo's on the Gloo controller, with partial dot products also
+// summed over the node's ranks, so each tensor's coefficients are those of
+// the whole tensor); an NCCL allgather inside the node reassembles the
 // result. On one node that is the node's average; with one rank per node it
 // is the host Adasum over every rank. Nodes must run the same number of
 // ranks; any number of nodes works (Note [Adasum with any number of ranks]).
@@ -72,11 +73,11 @@ namespace hvdcompat {
 class NcclBackend : public CollectiveBackend {
  public:
   // `channel` carries the set's host-side exchanges (owned here);
-  // `adasum_comm` is the set's MPI communicator for GPU Adasum's cross-node
-  // step (MPI_COMM_NULL on the Gloo controller: Adasum goes to `fallback`);
-  // `fallback` runs the responses NCCL cannot (owned here).
-  NcclBackend(std::unique_ptr<SetChannel> channel, MPI_Comm adasum_comm, const Config& config,
-              GpuContext* gpu, std::unique_ptr<CollectiveBackend> fallback);
+  // `adasum_peers` makes GPU Adasum's cross-node transport on the same
+  // controller; `fallback` runs the responses NCCL cannot (owned here).
+  NcclBackend(std::unique_ptr<SetChannel> channel, NodeAdasumPeersFactory adasum_peers,
+              const Config& config, GpuContext* gpu,
+              std::unique_ptr<CollectiveBackend> fallback);
   // The fallback's host waits end with it; NCCL's own waits have the watchdog.
   void SetAbortFlag(const std::atomic<bool>* abort) override { fallback_->SetAbortFlag(abort); }
   ~NcclBackend() override;
@@ -104,7 +105,7 @@ class NcclBackend : public CollectiveBackend {
   };
 
   void Setup();
-  // node_of_, local_rank_, local_size_, cross_size_, nodes_even_ (once).
+  // groups_ and nodes_even_ from the channel's node labels (once).
   void LayOutNodes();
   // A communicator over this rank's node ("local") or over the ranks of its
   // local rank on every node ("cross"); collective over the set.
@@ -116,14 +117,12 @@ class NcclBackend : public CollectiveBackend {
   void Allreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
   // Note [GPU Adasum] (ops/nccl_adasum.cc).
   void AdasumAllreduce(const Response& r, std::vector<ExecUnit>& units, Lane& lane);
-  // Its steps: the node split and cross-node reducer (collective, once) and
-  // the lane's node communicator; then this rank's shard (`chunk` elements at
-  // `mine` on the device) combined across nodes on the host.
+  // Its steps: the node layout and cross-node transport (collective, once)
+  // and the lane's node communicator; then this rank's shard (`chunk`
+  // elements at `mine` on the device) combined across nodes on the host.
   void SetupAdasum(const Response& r, Lane& lane);
   void AdasumAcrossNodes(const Response& r, char* mine, int64_t chunk,
                          const std::vector<int64_t>& counts, Lane& lane);
-  // local_mpi_ / cross_mpi_ from the node layout (collective over the set; once).
-  void SplitNodes();
   void HierarchicalAllreduce(const Response& r, const NcclReducePlan& plan, char* buf,
                              int64_t padded, Lane& lane);
   void JoinedContribution(const Response& r, char* dst, int64_t count, Lane& lane);
@@ -140,7 +139,7 @@ class NcclBackend : public CollectiveBackend {
   void CopyDevice(void* dst, const void* src, size_t bytes, Lane& lane);
 
   std::unique_ptr<SetChannel> channel_;  // worker thread only
-  MPI_Comm adasum_comm_;  // the set's MPI communicator, or MPI_COMM_NULL on Gloo
+  NodeAdasumPeersFactory make_adasum_peers_;
   Config config_;
   GpuContext* gpu_;
   std::unique_ptr<CollectiveBackend> fallback_;
@@ -162,16 +161,15 @@ class NcclBackend : public CollectiveBackend {
   std::unique_ptr<CompletionWatchdog> watchdog_;  // with HOROVOD_ENABLE_ASYNC_COMPLETION
 
   bool hierarchical_ = false;
-  std::vector<int> node_of_;  // by set rank: the lowest set rank of its node; empty until laid out
+  bool laid_out_ = false;
+  NodeGroups groups_;  // this rank's node and cross-node ranks, once laid out
   bool nodes_even_ = false;  // every node runs the same number of ranks
   int local_rank_ = 0;
   int local_size_ = 1;
-  int cross_size_ = 1;
-  MPI_Comm local_mpi_ = MPI_COMM_NULL;  // GPU Adasum on MPI
-  MPI_Comm cross_mpi_ = MPI_COMM_NULL;
 
   // GPU Adasum: the cross-node reduction and its host memory.
-  std::unique_ptr<AdasumMpi> adasum_;
+  std::unique_ptr<AdasumPeers> adasum_peers_;
+  std::unique_ptr<Adasum> adasum_;  // over adasum_peers_
   PinnedScratch adasum_pinned_;
   HostScratch adasum_wide_;
 };

@@ -19,12 +19,12 @@ constexpr uint32_t kSetChannelTag = 50;
 }  // namespace
 
 GlooSetChannel::GlooSetChannel(std::shared_ptr<gloo::Context> context,
-                               std::vector<std::string> hosts)
+                               std::vector<std::string> node_labels)
     : context_(std::move(context)),
-      hosts_(std::move(hosts)),
+      node_labels_(std::move(node_labels)),
       rank_(context_->rank),
       size_(context_->size) {
-  HVD_ENFORCE_EQ(static_cast<int>(hosts_.size()), size_, "host names of the set's ranks");
+  HVD_ENFORCE_EQ(static_cast<int>(node_labels_.size()), size_, "node labels of the set's ranks");
 }
 
 void GlooSetChannel::AllgatherFixed(const void* mine, size_t bytes, void* all) {
@@ -65,21 +65,6 @@ std::vector<int64_t> GlooSetChannel::AlltoallCounts(const std::vector<int64_t>& 
                    e);
   }
   return recv;
-}
-
-std::vector<int> GlooSetChannel::NodeOf(int per_node) {
-  if (per_node > 0) return NodesByCount(size_, per_node);
-  std::vector<int> node(size_);
-  for (int r = 0; r < size_; ++r) {
-    node[r] = r;
-    for (int q = 0; q < r; ++q) {
-      if (hosts_[q] == hosts_[r]) {
-        node[r] = node[q];
-        break;
-      }
-    }
-  }
-  return node;
 }
 
 }  // namespace hvdcompat

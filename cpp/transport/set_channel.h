@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace hvdcompat {
@@ -27,14 +28,11 @@ class SetChannel {
   virtual void AllgatherFixed(const void* mine, size_t bytes, void* all) = 0;
   // `send[j]` goes to set rank j; returns what each set rank sent this one.
   virtual std::vector<int64_t> AlltoallCounts(const std::vector<int64_t>& send) = 0;
-  // The node of every set rank, named by the lowest set rank on it:
-  // `per_node` > 0 groups consecutive set ranks by that many
-  // (HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE); otherwise the ranks that share a
-  // machine (MPI: MPI_COMM_TYPE_SHARED; Gloo: the same host name).
-  virtual std::vector<int> NodeOf(int per_node) = 0;
+  // Every set rank's node label: ranks with the same label share a node
+  // (consecutive ranks by HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE when it is set;
+  // otherwise MPI_COMM_TYPE_SHARED on MPI, the host name on Gloo, as the
+  // host backends' hierarchical steps group them).
+  virtual std::vector<std::string> NodeLabels() = 0;
 };
-
-// NodeOf's grouping by `per_node` consecutive ranks (no communication).
-std::vector<int> NodesByCount(int size, int per_node);
 
 }  // namespace hvdcompat
