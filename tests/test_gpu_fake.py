@@ -36,14 +36,16 @@ def fake_lib(fake_gpu_lib):
     return fake_gpu_lib
 
 
-def _launch(fake_lib, tmp_path, np, mode="full", controller="mpi", passing=None, **env):
+def _launch(fake_lib, tmp_path, np, mode="full", controller="mpi", passing=None,
+            launcher_args=(), **env):
     nccl_dir = tmp_path / "nccl"
     nccl_dir.mkdir()
     full = {"HVDCOMPAT_CUDART_LIB": fake_lib, "HVDCOMPAT_NCCL_LIB": fake_lib,
             "FAKE_NCCL_DIR": str(nccl_dir), "CHECK_MODE": mode, "CHECK_CONTROLLER": controller}
     full.update({k: str(v) for k, v in env.items()})
     result = run_ranks(np, [sys.executable, CHECKS], timeout=TIMEOUT, env=full,
-                       what=f"GPU checks ({mode}, {controller})", controller=controller)
+                       what=f"GPU checks ({mode}, {controller})", controller=controller,
+                       mpi_args=launcher_args)
     passed = result.output.count(f"CHECKS PASSED ({mode})")
     assert passed == (np if passing is None else passing), result.output
     return result
@@ -138,9 +140,10 @@ def test_gloo_controller_runs_cuda_tensors_without_mpi(fake_lib, tmp_path, np, m
 
 def test_gloo_elastic_reset_after_a_lost_rank_makes_new_communicators(fake_lib, tmp_path):
     # The survivors' reset through the store aborts the old communicator; the new world's first
-    # CUDA collective makes one from a new unique id, carried over the new Gloo context.
+    # CUDA collective makes one from a new unique id, carried over the new Gloo context. An
+    # elastic launch (--min-np): a static one ends the job when a rank is lost.
     result = _launch(fake_lib, tmp_path, 3, "elastic_reset", controller="gloo", passing=2,
-                     CHECK_LOSE_RANK=1)
+                     launcher_args=["--min-np", "2"], CHECK_LOSE_RANK=1)
     out = result.output
     assert "rank 1: LEAVING THE JOB" in out, out
     for new_rank, old_rank in ((0, 0), (1, 2)):
