@@ -37,7 +37,7 @@ void Adasum::SumOverGroup(int core, int level) {
 }
 
 void Adasum::CombineSegment(char* mine, const char* theirs, int64_t lo, int64_t n, bool mine_left,
-                            int core, int level, DataType dtype) {
+                            int wa, int wb, int core, int level, DataType dtype) {
   const size_t es = DataTypeSize(dtype);
   const char* a = mine_left ? mine : theirs;
   const char* b = mine_left ? theirs : mine;
@@ -59,7 +59,7 @@ void Adasum::CombineSegment(char* mine, const char* theirs, int64_t lo, int64_t 
     const int64_t first = slices[t].first, last = slices[t].second;
     if (last <= first) continue;
     double ca, cb;
-    AdasumCoefficients(dots_[t], &ca, &cb);
+    AdasumCoefficients(dots_[t], wa, wb, &ca, &cb);
     const size_t at = static_cast<size_t>(first - lo) * es;
     AdasumScaledAdd(mine + at, a + at, ca, b + at, cb, last - first, dtype);
   }
@@ -119,7 +119,8 @@ void Adasum::ReduceShardInPlace(void* shard, DataType dtype, const std::vector<i
   if (folded) {
     core = rank_ / 2;
     peers_->Exchange(nullptr, 0, recv, shard_n * es, rank_ + 1);
-    CombineSegment(data, recv, shard_lo, shard_n, /*mine_left=*/true, core, /*level=*/0, dtype);
+    CombineSegment(data, recv, shard_lo, shard_n, /*mine_left=*/true, /*wa=*/1, /*wb=*/1, core,
+                   /*level=*/0, dtype);
   } else {
     core = rank_ - extra_;
   }
@@ -138,7 +139,11 @@ void Adasum::ReduceShardInPlace(void* shard, DataType dtype, const std::vector<i
     const int64_t give_lo = left ? lo + first_half : lo;
     peers_->Exchange(at(give_lo), (n - keep_n) * es, recv, keep_n * es, PeerRank(core ^ level));
     parents.push_back({lo, n});
-    CombineSegment(at(keep_lo), recv, keep_lo, keep_n, left, core, level, dtype);
+    // The left operand is the core ranks [base, base + level), the right the
+    // next `level` of them (Note [Adasum weights]).
+    const int base = core & ~(2 * level - 1);
+    CombineSegment(at(keep_lo), recv, keep_lo, keep_n, left, RanksOf(base, base + level),
+                   RanksOf(base + level, base + 2 * level), core, level, dtype);
     lo = keep_lo;
     n = keep_n;
   }

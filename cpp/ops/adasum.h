@@ -1,8 +1,10 @@
 // Adasum allreduce of host buffers, over any point-to-point transport.
-// See Note [Adasum], Note [Adasum with any number of ranks] and Note [Adasum
-// peers]. The element-wise half is in ops/adasum_kernels.h.
+// See Note [Adasum], Note [Adasum with any number of ranks], Note [Adasum
+// weights] and Note [Adasum peers]. The element-wise half is in
+// ops/adasum_kernels.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -17,8 +19,10 @@ namespace hvdcompat {
 //   ca * a + cb * b,  ca = 1 - a.b / (2 |a|^2),  cb = 1 - a.b / (2 |b|^2)
 // with a.b, |a|^2 and |b|^2 summed in double (a zero vector, |v|^2 below
 // sqrt(DBL_MIN), keeps coefficient 1). Orthogonal vectors add up; parallel
-// ones average. A fused buffer is combined tensor by tensor: every tensor
-// gets its own coefficients, as if it had been reduced alone.
+// ones average. (That is Horovod's rule, for operands that stand for equal
+// numbers of ranks; Note [Adasum weights] gives the general one.) A fused
+// buffer is combined tensor by tensor: every tensor gets its own
+// coefficients, as if it had been reduced alone.
 //
 // Across ranks the combination runs as a binary tree in rank order,
 // ((r0 + r1) + (r2 + r3)) + ..., computed by recursive vector halving and
@@ -47,7 +51,40 @@ namespace hvdcompat {
 // ((r0 + r1) + r2) + (r3 + r4), 6 give ((r0 + r1) + (r2 + r3)) + (r4 + r5).
 // On a power of two it is exactly the tree of Note [Adasum]. Folding
 // adjacent ranks keeps the extra traffic between ranks that usually share a
-// node.
+// node. The leaves stand for different numbers of ranks (a folded pair for
+// two), which the combination weighs (Note [Adasum weights]).
+//
+// Note [Adasum weights]
+// With Horovod's rule alone, the tree over unequal leaves would weigh the
+// ranks unequally: parallel inputs (every rank's vector a multiple of one
+// vector) would give (r0 + r1)/4 + r2/2 at 3 ranks, not the mean. So each
+// operand carries the number of ranks it stands for (a leaf: 1, a folded
+// pair: 2, a subtree: the sum of its leaves), and a (wa ranks) and b (wb)
+// combine, with W = wa + wb, as
+//   ca * a + cb * b,  ca = 1 - (wa/W) a.b / |a|^2,  cb = 1 - (wb/W) a.b / |b|^2.
+// Orthogonal vectors still add up. For b = k a the result is
+// (1 - wa k/W + k - wb/W) a = (wa a + wb b) / W, the weighted mean, which is
+// again parallel to a and stands for W ranks: the whole tree of parallel
+// inputs gives their mean over all N ranks, whatever N. Where wa == wb,
+// wa/W is 0.5 exactly and the rule is Horovod's: every combination of a
+// power of two (and every pair of the fold) gives the same bits as the
+// unweighted rule. The weights depend on the tree's shape only: every rank
+// of a group computes the same ones, with no message.
+//
+// A zero vector (a joined rank's, or a tensor with |v|^2 below sqrt(DBL_MIN))
+// still counts for its ranks. It is left out of the value (its coefficient
+// is 1 and a.b = 0, so the other operand comes out as it was) and its share
+// goes to the operand it meets, as under Horovod's rule on a power of two
+// (the pair 0 + b counts as two ranks at the next level). Weighing it 0
+// would make parallel inputs average over the other ranks instead, but
+// would change the results of powers of two from Horovod's whenever a
+// tensor is zero on some rank, and the zero test would have to travel with
+// the dots.
+//
+// On the GPU path (Note [GPU Adasum], ops/nccl_ops.h) the leaves are nodes,
+// each holding its node's average. Every node runs the same number of ranks,
+// so weighing a node 1 (a folded pair of nodes 2) is weighing it by its
+// ranks, and parallel inputs give the mean over all ranks there too.
 //
 // Note [Adasum peers]
 // The algorithm needs only two things of its transport: an exchange of
@@ -119,15 +156,21 @@ class Adasum {
  private:
   // The rank of `peers` of core rank `core` (Note [Adasum with any number of ranks]).
   int PeerRank(int core) const { return core < extra_ ? 2 * core : core + extra_; }
+  // How many ranks the core ranks [lo, hi) stand for: those below extra_
+  // are folded pairs (Note [Adasum weights]).
+  int RanksOf(int lo, int hi) const {
+    return (hi - lo) + std::max(0, std::min(hi, extra_) - lo);
+  }
   // Sums dots_ over the shards, then over the 2 * level core ranks that
   // share this rank's group (level 0: over the shards only).
   void SumOverGroup(int core, int level);
   // Combines this rank's segment [lo, lo + n) of `mine` with `theirs` (the
   // partner's copy of the same segment) for every tensor it intersects;
-  // `mine_left`: this rank's data is the left operand. `level` 0: the fold,
-  // no group beyond the shards.
+  // `mine_left`: this rank's data is the left operand; the left operand
+  // stands for `wa` ranks, the right for `wb`. `level` 0: the fold, no group
+  // beyond the shards.
   void CombineSegment(char* mine, const char* theirs, int64_t lo, int64_t n, bool mine_left,
-                      int core, int level, DataType dtype);
+                      int wa, int wb, int core, int level, DataType dtype);
 
   AdasumPeers* peers_;
   int rank_ = 0;

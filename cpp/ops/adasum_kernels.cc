@@ -56,9 +56,12 @@ AdasumDots AdasumPartialDots(const void* a, const void* b, int64_t count, DataTy
   return {};
 }
 
-void AdasumCoefficients(const AdasumDots& d, double* ca, double* cb) {
-  *ca = d.a_sq >= kAdasumMinNormSq ? 1.0 - d.dot / d.a_sq * 0.5 : 1.0;
-  *cb = d.b_sq >= kAdasumMinNormSq ? 1.0 - d.dot / d.b_sq * 0.5 : 1.0;
+void AdasumCoefficients(const AdasumDots& d, int wa, int wb, double* ca, double* cb) {
+  // Exact for equal weights (0.5), so powers of two keep their bits.
+  const double share_a = static_cast<double>(wa) / (wa + wb);
+  const double share_b = static_cast<double>(wb) / (wa + wb);
+  *ca = d.a_sq >= kAdasumMinNormSq ? 1.0 - d.dot / d.a_sq * share_a : 1.0;
+  *cb = d.b_sq >= kAdasumMinNormSq ? 1.0 - d.dot / d.b_sq * share_b : 1.0;
 }
 
 void AdasumScaledAdd(void* out, const void* a, double ca, const void* b, double cb, int64_t count,

@@ -29,9 +29,11 @@ inline const double kAdasumMinNormSq = std::sqrt(DBL_MIN);
 // Products and sums in double, whatever `dtype` (float32 or float64).
 AdasumDots AdasumPartialDots(const void* a, const void* b, int64_t count, DataType dtype);
 
-// The coefficients of a and b for the whole tensor's dots:
-// ca = 1 - a.b / (2 |a|^2), cb = 1 - a.b / (2 |b|^2) (1 for a zero vector).
-void AdasumCoefficients(const AdasumDots& d, double* ca, double* cb);
+// The coefficients of a and b for the whole tensor's dots, where a stands
+// for `wa` ranks and b for `wb` (Note [Adasum weights], ops/adasum.h):
+// ca = 1 - wa/(wa+wb) * a.b / |a|^2, cb = 1 - wb/(wa+wb) * a.b / |b|^2
+// (1 for a zero vector). With wa == wb, Horovod's 1 - a.b / (2 |a|^2), to the bit.
+void AdasumCoefficients(const AdasumDots& d, int wa, int wb, double* ca, double* cb);
 
 // out[i] = ca * a[i] + cb * b[i], computed in double and rounded once to
 // `dtype`. `out` may be `a` or `b`.

@@ -423,21 +423,25 @@ def check_join():
     assert hvd.join() < last
 
 
-def _adasum_pair(a, b):
+def _adasum_pair(a, b, wa=1, wb=1):
+    """a and b standing for wa and wb leaves (docs/adasum.md, the rule with weights)."""
     dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1.0 - dot / aa * 0.5 if aa >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
-    cb = 1.0 - dot / bb * 0.5 if bb >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
+    ca = 1.0 - dot / aa * wa / (wa + wb) if aa >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
+    cb = 1.0 - dot / bb * wb / (wa + wb) if bb >= np.sqrt(np.finfo(np.float64).tiny) else 1.0
     return ca * a + cb * b
 
 
 def _adasum_tree(vs):
-    """The rank-order tree with the fold of the first 2E leaves (docs/adasum.md)."""
+    """The rank-order tree with the fold of the first 2E leaves (docs/adasum.md), each operand
+    weighed by the number of leaves under it."""
     p = 1 << (len(vs).bit_length() - 1)
     e = len(vs) - p
-    level = [_adasum_pair(vs[2 * i], vs[2 * i + 1]) for i in range(e)] + vs[2 * e:]
+    level = [(_adasum_pair(vs[2 * i], vs[2 * i + 1]), 2) for i in range(e)] + [
+        (v, 1) for v in vs[2 * e:]]
     while len(level) > 1:
-        level = [_adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
-    return level[0]
+        level = [(_adasum_pair(a, b, wa, wb), wa + wb)
+                 for (a, wa), (b, wb) in zip(level[0::2], level[1::2])]
+    return level[0][0]
 
 
 def check_adasum():
@@ -470,6 +474,21 @@ def check_adasum():
                 f"Adasum tensor {k} ({len(nodes)} nodes of {per_node}) [{dtype}, rank {RANK}]: "
                 f"max error {err} > {tol} x {np.abs(want).max()}\n got {values_of(out, dtype)}\n"
                 f" want {want}")
+    # Parallel inputs (multiples of one vector, either sign): the node averages are parallel
+    # too, and the tree weighs every node alike (each runs the same number of ranks), so the
+    # result is the mean over all ranks at any number of nodes (Note [Adasum weights]).
+    v = np.linspace(-1.0, 2.0, 41)
+
+    def mult(r):  # different node averages: 3 nodes of 2 give 1.5, -7.5, 21.5
+        return (1.0 + r * r) * (-1) ** (r // 2)
+    for dtype in ["float32", "float64"]:
+        x = make(v * mult(RANK), dtype)
+        out = np.zeros_like(x)
+        finish(enqueue("allreduce", "adasum_parallel", [d(x, dtype)], [d(out, dtype)], Adasum))
+        want = np.mean([values_of(make(v * mult(r), dtype), dtype)
+                        for r in range(SIZE)], axis=0)
+        close(values_of(out, dtype), want, dtype,
+              f"Adasum of parallel inputs ({len(nodes)} nodes of {per_node})")
     after = stats()
     if per_node > 1:
         assert after["reducescatters"] > before["reducescatters"], "no node-local reduce-scatter"

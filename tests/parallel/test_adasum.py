@@ -1,10 +1,11 @@
-"""op=hvd.Adasum: the pairwise rule, the rank-order tree (with the fold for non-powers of two),
-fusion, dtypes, scaling, join, the delta optimizer and the argument rules.
+"""op=hvd.Adasum: the pairwise rule with its weights, the rank-order tree (with the fold for
+non-powers of two), fusion, dtypes, scaling, join, the delta optimizer and the argument rules.
 
 Every rank rebuilds every rank's input from a seed and computes the expected
-result locally with `_reference` (a plain float64 transcription of the rule,
-rounded to the engine's working type after each combination), so the engine
-is checked against arithmetic it did not do.
+result locally with `_reference` (a plain float64 transcription of the rule
+over the tree built from the rank count, each operand weighed by the number of
+ranks under it, rounded to the engine's working type after each combination),
+so the engine is checked against arithmetic it did not do.
 """
 
 import contextlib
@@ -31,35 +32,48 @@ def engine_knobs(**knobs):
         yield
 
 
-def _combine(a, b):
-    """Adasum of two float64 vectors (whole tensors, flattened)."""
+def _combine(a, b, wa=1, wb=1):
+    """Adasum of two float64 vectors (whole tensors, flattened) standing for wa and wb ranks."""
     dot, aa, bb = float((a * b).sum()), float((a * a).sum()), float((b * b).sum())
-    ca = 1.0 - dot / aa * 0.5 if aa >= _MIN_NORM_SQ else 1.0
-    cb = 1.0 - dot / bb * 0.5 if bb >= _MIN_NORM_SQ else 1.0
+    ca = 1.0 - dot / aa * (wa / (wa + wb)) if aa >= _MIN_NORM_SQ else 1.0
+    cb = 1.0 - dot / bb * (wb / (wa + wb)) if bb >= _MIN_NORM_SQ else 1.0
     return ca * a + cb * b
 
 
-def _leaves(xs):
-    """The fold rule: the first 2E of N = P + E ranks combine in pairs first."""
-    n = len(xs)
+def _tree(n):
+    """The combination tree of n ranks as nested (left, right) pairs of rank numbers: the first
+    2E of N = P + E ranks pair up into leaves, and the P leaves split in halves, in rank order."""
     p = 1 << (n.bit_length() - 1)
     e = n - p
-    return [(2 * i, 2 * i + 1) for i in range(e)] + [(r,) for r in range(2 * e, n)]
+    leaves = [(2 * i, 2 * i + 1) for i in range(e)] + list(range(2 * e, n))
+
+    def halves(nodes):
+        return nodes[0] if len(nodes) == 1 else (halves(nodes[:len(nodes) // 2]),
+                                                 halves(nodes[len(nodes) // 2:]))
+    return halves(leaves)
+
+
+def _ranks_under(node):
+    return 1 if isinstance(node, int) else _ranks_under(node[0]) + _ranks_under(node[1])
 
 
 def _reference(xs, dtype, pre=1.0, post=1.0):
-    """Binary tree in rank order over the fold's leaves; rounds like the engine."""
+    """The tree over the ranks, each operand weighed by its ranks; rounds like the engine."""
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
     def rounded(v):
         return v.to(work).double()
 
     vals = [rounded(x.flatten().to(work) * torch.tensor(pre, dtype=work)) for x in xs]
-    level = [rounded(_combine(*[vals[r] for r in leaf])) if len(leaf) == 2 else vals[leaf[0]]
-             for leaf in _leaves(xs)]
-    while len(level) > 1:
-        level = [rounded(_combine(level[i], level[i + 1])) for i in range(0, len(level), 2)]
-    out = level[0].to(work)
+
+    def value(node):
+        if isinstance(node, int):
+            return vals[node]
+        left, right = node
+        return rounded(_combine(value(left), value(right), _ranks_under(left),
+                                _ranks_under(right)))
+
+    out = value(_tree(len(xs))).to(work)
     if post != 1.0:
         out = out * torch.tensor(post, dtype=work)
     return out.to(dtype).reshape(xs[0].shape)
@@ -90,14 +104,6 @@ def _inputs(shape, dtype, key, lo=-1.0, hi=1.0):
     return out
 
 
-def _leaf_weights():
-    """Weights for which Adasum of parallel inputs k_r * v is sum(w_r k_r) v (fold rule)."""
-    n = hvd.size()
-    p = 1 << (n.bit_length() - 1)
-    e = n - p
-    return [1.0 / (2 * p) if r < 2 * e else 1.0 / p for r in range(n)]
-
-
 # ----- the rule ---------------------------------------------------------------------------
 
 
@@ -114,20 +120,43 @@ def test_orthogonal_inputs_give_the_sum(dtype):
     assert torch.equal(out, sum(x.double() for x in xs).to(dtype)), out
 
 
+def test_orthogonal_columns_give_the_sum():
+    # Orthonormal columns of a QR factorisation: dot products of about 1e-16, not 0, and every
+    # partial sum stays orthogonal to the other columns.
+    g = torch.Generator().manual_seed(11)
+    q, _ = torch.linalg.qr(torch.randn(300, hvd.size(), generator=g, dtype=torch.float64))
+    out = hvd.allreduce(q[:, hvd.rank()].contiguous(), op=hvd.Adasum, name="ad.orth.qr")
+    _assert_close(out, q.sum(1), "orthonormal columns")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
-def test_parallel_inputs_give_the_tree_mean(dtype):
+@pytest.mark.parametrize("spread", [False, True], ids=["near", "spread"])
+def test_parallel_inputs_give_the_mean(dtype, spread):
+    # Every rank's vector is a multiple (either sign; with `spread`, magnitudes 1e-6 to 1e12)
+    # of one vector. Each combination returns the mean of its operands weighed by their ranks
+    # (Note [Adasum weights]), so the tree returns the mean over all ranks at any rank count:
+    # at 3 ranks (r0 + r1 + r2)/3, where Horovod's unweighted rule gives r0/4 + r1/4 + r2/2.
     g = torch.Generator().manual_seed(7)
     v = torch.randn(257, generator=g, dtype=torch.float64)
-    ks = [0.5 + r for r in range(hvd.size())]
+    ks = [(-1) ** r * (10.0 ** (6 * r - 6) if spread else 0.5 + r) for r in range(hvd.size())]
     xs = [(k * v).to(dtype) for k in ks]
-    out = hvd.allreduce(xs[hvd.rank()], op=hvd.Adasum, name=f"ad.par.{dtype_id(dtype)}")
-    # Each pairwise step of parallel vectors is their mean, so the tree weighs
-    # each leaf 1/P (a folded pair's ranks 1/(2P) each).
-    w = _leaf_weights()
-    expected = sum(wi * x.double() for wi, x in zip(w, xs)).to(dtype)
-    _assert_close(out, expected, "parallel inputs")
-    if hvd.size() & (hvd.size() - 1) == 0:
-        _assert_close(out, torch.stack([x.double() for x in xs]).mean(0).to(dtype), "mean")
+    out = hvd.allreduce(xs[hvd.rank()], op=hvd.Adasum,
+                        name=f"ad.par.{dtype_id(dtype)}.{int(spread)}")
+    _assert_close(out, torch.stack([x.double() for x in xs]).mean(0).to(dtype), "the mean")
+    _assert_close(out, _reference(xs, dtype), "the reference tree")
+
+
+def test_the_reference_tree_weighs_every_rank_alike():
+    # The reference's own shape and weights for the documented rank counts (docs/adasum.md),
+    # whatever this launch's size: parallel inputs average over all ranks.
+    assert _tree(3) == ((0, 1), 2)
+    assert _tree(5) == (((0, 1), 2), (3, 4))
+    assert _tree(6) == (((0, 1), (2, 3)), (4, 5))
+    assert _tree(8) == (((0, 1), (2, 3)), ((4, 5), (6, 7)))
+    v = torch.linspace(-1.0, 2.0, 9, dtype=torch.float64)
+    for n in range(2, 9):
+        xs = [(r + 1.0) * v for r in range(n)]
+        _assert_close(_reference(xs, torch.float64), (n + 1) / 2.0 * v, f"{n} parallel inputs")
 
 
 def test_pairwise_rule_on_known_vectors():
@@ -140,6 +169,10 @@ def test_pairwise_rule_on_known_vectors():
     _assert_close(out, _reference(xs, torch.float64), "known vectors")
     if hvd.size() == 2:
         assert torch.equal(out, torch.tensor([1.25, 0.75], dtype=torch.float64))
+    if hvd.size() == 3:
+        # (r0 + r1) = (1.25, 0.75) stands for 2 ranks, r2 = (1, 0) for 1: a.b = 5/4,
+        # |a|^2 = 17/8, |b|^2 = 1 -> ca = 1 - (2/3)(10/17) = 31/51, cb = 1 - (1/3)(5/4) = 7/12.
+        _assert_close(out, torch.tensor([137 / 102, 31 / 68], dtype=torch.float64), "3 ranks")
 
 
 def test_zero_vectors_keep_coefficient_one():
@@ -248,6 +281,14 @@ def test_joined_rank_contributes_the_identity():
     out = hvd.allreduce(xs[hvd.rank()], op=hvd.Adasum, name="ad.join")
     zeroed = xs[:last] + [torch.zeros_like(xs[last])]
     _assert_close(out, _reference(zeroed, torch.float32), "with a joined rank")
+    # The joined rank still counts for one rank, its share going to the operand it meets
+    # (Note [Adasum weights]): at 3 ranks that is (r0 + r1), so parallel inputs give their mean.
+    v = torch.linspace(-1.0, 1.0, 40, dtype=torch.float64)
+    par = [((r + 1.0) * v).float() for r in range(last)]
+    out = hvd.allreduce(par[hvd.rank()], op=hvd.Adasum, name="ad.join.par")
+    _assert_close(out, _reference(par + [torch.zeros(40)], torch.float32), "parallel, joined")
+    if hvd.size() == 3:
+        _assert_close(out, (par[0] + par[1]) / 2, "parallel, rank 2 joined")
     hvd.join()
 
 
