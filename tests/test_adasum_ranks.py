@@ -2,7 +2,8 @@
 has two levels (and the dot products are summed over a group of four), beyond the 2- and 3-rank
 launches of tests/test_parallel.py. Oversubscribed on small machines, so only the rule's tests
 run here. The MPI and the Gloo launch run one algorithm over two transports (Note [Adasum
-peers]), so every rank of both prints the same digest of the same results.
+peers]), so every rank of both prints the same digest of the same results (tests/test_parallel.py
+compares its 2- and 3-rank launches of the file the same way).
 """
 
 import os

@@ -77,6 +77,25 @@ def _files(group, np):
 CASES = [(group, np) for group in GROUPS for np in (2, 3) if _files(group, np)]
 
 
+# test_adasum.py prints a digest of its results on every rank ("ADASUM-BITS"); the MPI and the
+# Gloo launch of one rank count must print the same one (Note [Adasum peers]). The launch that
+# runs second compares (tests/test_adasum_ranks.py does so at 4 ranks).
+_ADASUM_DIGESTS = {}
+
+
+def _check_adasum_bits(controller, np, output):
+    digests = set(re.findall(rf"ADASUM-BITS rank \d+ of {np}: ([0-9a-f]{{64}})", output))
+    if not digests:
+        return  # test_adasum.py was not in this launch
+    assert len(digests) == 1, f"ranks hold different Adasum results on {controller}: {digests}"
+    _ADASUM_DIGESTS[controller, np] = digests.pop()
+    other = {"mpi": "gloo", "gloo": "mpi"}[controller]
+    if (other, np) in _ADASUM_DIGESTS:
+        assert _ADASUM_DIGESTS[other, np] == _ADASUM_DIGESTS[controller, np], (
+            f"Adasum at {np} ranks gave other bits on the Gloo controller than on MPI: "
+            f"{_ADASUM_DIGESTS}")
+
+
 def test_every_parallel_file_is_in_a_group():
     grouped = {name for group, names in GROUPS.items() if not group.startswith("gloo") for name in names}
     assert set(FILES) <= grouped, sorted(set(FILES) - grouped)
@@ -92,6 +111,8 @@ def test_parallel_files(group, np):
                                   deselect=GLOO_DESELECT)
         # Every rank ran on Gloo (the launch gives the controller; a rank on MPI would fail).
         assert "passed" in result.output, result.output
+        _check_adasum_bits("gloo", np, result.output)
         return
     result = run_pytest_ranks(np, paths, timeout=TIMEOUT * len(files))
     assert "passed" in result.output, result.output
+    _check_adasum_bits("mpi", np, result.output)
