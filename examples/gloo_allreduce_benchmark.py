@@ -15,8 +15,9 @@ gradient set (161 tensors, 25,557,032 floats): every tensor submitted
 asynchronously, then all waited for (hvdcompat fuses them; torch's gloo runs
 one all_reduce per tensor). Each timed call starts after a barrier. Prints,
 per row, the median over the rounds of each round's median, the algorithm
-bandwidth, each peer's time relative to torch's gloo, and the load average
-at the start and the end.
+bandwidth, each peer's time relative to torch's gloo, rank 0's CPU time per
+call (all its threads: what a call costs a machine that is busy anyway),
+and the load average at the start and the end.
 """
 
 import argparse
@@ -103,14 +104,21 @@ def check_sums(run_on, tensors, rank, size, who):
         t.zero_()
 
 
-def timed(fn, iters, barrier):
+def timed(fn, iters, barrier, cpu):
+    """Median seconds of `fn`; appends this process's CPU seconds per call (every thread,
+    user + system, barriers excluded) to `cpu`."""
     fn()  # warm-up (connections, first allocation, negotiation)
     out = []
+    used = 0.0
     for _ in range(iters):
         barrier()
+        before = os.times()
         start = time.perf_counter()
         fn()
         out.append(time.perf_counter() - start)
+        after = os.times()
+        used += after.user + after.system - before.user - before.system
+    cpu.append(used / iters)
     return statistics.median(out)
 
 
@@ -138,6 +146,7 @@ def main():
     dist.init_process_group("gloo", store=dist.PrefixStore("torch/", tcp), rank=rank,
                             world_size=size)
     times = {peer: {name: [] for name, _ in rows} for peer in ("gloo_ctl", "torch", "mpi_ctl")}
+    cpu = {peer: {name: [] for name, _ in rows} for peer in ("gloo_ctl", "torch", "mpi_ctl")}
     for r in range(args.rounds):
         # Our Gloo controller (what hvd.init() starts under torchrun/--gloo)
         _core.init(_core.InitOptions(controller="gloo", store=Store(tcp, f"hvdcompat/{r}/"),
@@ -150,8 +159,9 @@ def main():
             check_sums(lambda ts: gloo_set(ts)(), rows[-1][1], rank, size, "torch gloo")
         for name, tensors in rows:
             times["gloo_ctl"][name].append(timed(engine_set(tensors, f"g.{name}"), args.iters,
-                                                 dist.barrier))
-            times["torch"][name].append(timed(gloo_set(tensors), args.iters, dist.barrier))
+                                                 dist.barrier, cpu["gloo_ctl"][name]))
+            times["torch"][name].append(timed(gloo_set(tensors), args.iters, dist.barrier,
+                                              cpu["torch"][name]))
         hvd.shutdown()
         # Our MPI controller, same rows
         hvd.init()
@@ -161,7 +171,7 @@ def main():
                        "the MPI controller")
         for name, tensors in rows:
             times["mpi_ctl"][name].append(timed(engine_set(tensors, f"m.{name}"), args.iters,
-                                                hvd.barrier))
+                                                hvd.barrier, cpu["mpi_ctl"][name]))
         hvd.shutdown()
     dist.barrier()
     dist.destroy_process_group()
@@ -184,6 +194,15 @@ def main():
         if not args.no_resnet:
             print(f"{RESNET}: 161 tensors, 25,557,032 floats, all submitted, then all waited for "
                   "(hvdcompat fuses them; torch gloo: one all_reduce each)")
+        print("\nCPU time per call on rank 0 (every thread, user + system; ms, mean over the "
+              "rounds; 10 ms clock ticks):")
+        print("| size | hvdcompat Gloo controller | torch.distributed gloo | hvdcompat MPI "
+              "controller |")
+        print("|---|---|---|---|")
+        for name, _ in rows:
+            cells = [f"{statistics.mean(cpu[peer][name]) * 1e3:.1f}"
+                     for peer in ("gloo_ctl", "torch", "mpi_ctl")]
+            print(f"| {name} | " + " | ".join(cells) + " |")
         print("sums checked on every rank: Gloo controller, torch gloo, MPI controller")
 
 

@@ -22,7 +22,8 @@ DistributedDataParallel in each configuration and prints steps/s on rank 0:
 
 The configurations take turns a few steps at a time (--rounds of --iters
 steps each), so load from other jobs falls on all of them alike; the median
-over the rounds is reported, with the load average at the start and the end.
+over the rounds is reported, with rank 0's CPU time per step (all threads)
+and the load average at the start and the end.
 """
 
 import argparse
@@ -159,10 +160,14 @@ def main():
         trainers.append((label, route, Trainer(model, args)))
         trainers[-1][2].warm_up(args.warmup)
     samples = {label: [] for label, _, _ in trainers}
+    cpu = {label: 0.0 for label, _, _ in trainers}  # this rank's CPU seconds, every thread
     for r in range(args.rounds):
         rates = []
         for label, _, trainer in trainers:
+            before = os.times()
             sps = trainer.steps_per_second(args.iters)
+            after = os.times()
+            cpu[label] += after.user + after.system - before.user - before.system
             samples[label].append(sps)
             rates.append(f"{label} {sps:.2f}")
         log(f"  round {r + 1}/{args.rounds} (steps/s): " + ", ".join(rates))
@@ -171,10 +176,12 @@ def main():
     if rank == 0:
         base = results[0][2]
         print(f"{'configuration':<28} {'route':<14} {'steps/s':>9} {'samples/s':>10} "
-              f"{'vs gloo':>8}")
+              f"{'vs gloo':>8} {'CPU ms/step':>12}")
         for label, route, sps in results:
+            per_step = cpu[label] / (args.rounds * args.iters) * 1e3
             print(f"{label:<28} {route:<14} {sps:>9.2f} {sps * args.batch_size * size:>10.1f} "
-                  f"{sps / base:>7.2f}x")
+                  f"{sps / base:>7.2f}x {per_step:>12.1f}")
+        print("(CPU ms/step: rank 0's process, every thread, user + system, barriers included)")
         print(f"load average at the end: {_load()}")
         sys.stdout.flush()
     # Tear down together: a rank destroying its gloo group while a peer is

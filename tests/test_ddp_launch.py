@@ -105,3 +105,6 @@ def test_benchmark_under_torch_distributed_launch_as_documented():
     assert [r[0] for r in rows] == ["gloo"] + backend + ["gloo + accelerate (none)",
                                                          "gloo + accelerate (fp16)"], out
     assert gloo_built() or "hvdcompat backend: skipped" in out, out
+    # With the Gloo controller the backend and the accelerate hook run on the engine.
+    if gloo_built():
+        assert [r[1] for r in rows[1:]] == ["engine"] * (len(rows) - 1), out

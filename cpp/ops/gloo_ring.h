@@ -22,8 +22,9 @@ namespace hvdcompat {
 // reduce-scatters the whole buffer and only then allgathers it, keeps two
 // 1 MiB segments in flight, and posts each receive only when it is about to
 // be needed. Gloo's TCP pairs send a segment only after the receiver said it
-// posted the matching receive, so every segment waits for a notice from the
-// peer, and the engine thread sleeps and wakes once per segment. Here:
+// posted the matching receive, so there every segment waits a round trip
+// for that notice, and the allgather re-reads the whole buffer from memory
+// long after it was reduced. Here:
 //
 // * Every receive of the allgather half is posted before anything is sent
 //   (it lands straight in the buffer), and the reduce-scatter half keeps
@@ -52,9 +53,15 @@ namespace hvdcompat {
 // Payloads whose (size - 1) copies fit in `exchange_max_bytes` skip the
 // ring: every rank sends its whole contribution to every other rank and
 // reduces them all in rank order (one message latency instead of
-// 2(size - 1); the same bits on every rank). Segments, stages and transfers depend only on the element count,
-// the parts' boundaries, the element size and the options, so every rank
-// plans the same transfers.
+// 2(size - 1); the same bits on every rank). Segments, stages and transfers
+// depend only on the element count, the parts' boundaries, the element size
+// and the options, so every rank plans the same transfers.
+//
+// What it cannot change: between ranks of one host the bytes still cross
+// loopback TCP, two kernel copies per byte each way, which is most of the
+// time on a CPU-bound machine; the ring saves the stalls, the cold re-reads
+// and the fusion copies around them (docs/launching-without-mpi.md,
+// "Performance", has the measurements).
 struct GlooRingOptions {
   int64_t segment_bytes = 1 << 20;       // largest transfer of one segment
   int depth = 4;                         // reduce-scatter receives posted ahead
