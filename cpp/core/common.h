@@ -11,6 +11,16 @@
 
 namespace hvdcompat {
 
+// A hint to the CPU inside a busy-wait loop (the thread keeps its core;
+// Note [Engine-owned waiting] says why the engine never yields it instead).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 // Values are part of the binding contract (exported to Python, one source of
 // truth). Order matters only for the wire encoding.
 enum class DataType : uint8_t {

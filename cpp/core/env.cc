@@ -2,9 +2,14 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -62,11 +67,17 @@ const std::vector<KnobSpec>& AllKnobs() {
        "Host outputs of out-of-place collectives (256 KiB and up) come from a pool of "
        "reused buffers of at most this many bytes (0 disables)."},
       {Knob::kPollSpinMicros, "POLL_SPIN_MICROS", false, "50", "us",
-       "While waiting for peers, busy-poll this long before sleeping."},
+       "While negotiating, and before sleeping for want of work, the engine polls back to back "
+       "(never yielding) this long before sleeping."},
       {Knob::kPollMaxSleepMicros, "POLL_MAX_SLEEP_MICROS", false, "200", "us",
        "Longest sleep between polls while waiting for peers."},
-      {Knob::kPollDataYieldMicros, "POLL_DATA_YIELD_MICROS", false, "5000", "us",
-       "While a data collective is in flight, poll (yielding the core) this long before sleeping."},
+      {Knob::kPollDataSpinMicros, "POLL_DATA_SPIN_MICROS", false, "50", "us",
+       "While a data collective is in flight, test it back to back (never yielding) this long "
+       "before sleeping."},
+      {Knob::kEngineSliceMicros, "ENGINE_SLICE_MICROS", false, "100", "us",
+       "Scheduler time slice the engine's threads ask for (Linux 6.12 and later; elsewhere "
+       "ignored): a short slice lets a waking engine thread run at once on a core that training "
+       "threads keep busy. 0 keeps the scheduler's default."},
       {Knob::kWaitSpinMicros, "WAIT_SPIN_MICROS", false, "100", "us",
        "hvd.synchronize() busy-polls an unfinished handle this long before sleeping on it."},
       {Knob::kEnableAsyncCompletion, "ENABLE_ASYNC_COMPLETION", true, "0", "bool",
@@ -342,7 +353,8 @@ Config Config::FromEnvironment() {
   c.output_pool_bytes = KnobInt(Knob::kOutputPoolBytes);
   c.poll_spin_micros = KnobInt(Knob::kPollSpinMicros);
   c.poll_max_sleep_micros = KnobInt(Knob::kPollMaxSleepMicros);
-  c.poll_data_yield_micros = KnobInt(Knob::kPollDataYieldMicros);
+  c.poll_data_spin_micros = KnobInt(Knob::kPollDataSpinMicros);
+  c.engine_slice_micros = KnobInt(Knob::kEngineSliceMicros);
   c.num_nccl_streams = std::max<int64_t>(1, KnobInt(Knob::kNumNcclStreams));
   c.hierarchical_allreduce = KnobBool(Knob::kHierarchicalAllreduce);
   c.hierarchical_allgather = KnobBool(Knob::kHierarchicalAllgather);
@@ -434,6 +446,37 @@ bool PinCurrentThread(int core) {
   CPU_ZERO(&set);
   CPU_SET(core, &set);
   return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+bool RequestSchedulerSlice(int64_t micros) {
+#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_gettid)
+  if (micros <= 0) return true;
+  if (sched_getscheduler(0) != SCHED_OTHER) return true;  // the user's policy stays
+  // struct sched_attr (linux/sched/types.h), which the C library does not declare.
+  struct SchedAttr {
+    uint32_t size;
+    uint32_t policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime;  // for SCHED_OTHER: the slice, in ns (Linux 6.12 and later)
+    uint64_t deadline;
+    uint64_t period;
+  };
+  SchedAttr attr{};
+  attr.size = sizeof(attr);
+  attr.policy = SCHED_OTHER;
+  // The call sets the nice value too: keep the thread's own.
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  if (errno != 0) return false;
+  attr.nice = nice;
+  attr.runtime = static_cast<uint64_t>(micros) * 1000;
+  return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+#else
+  (void)micros;
+  return true;
+#endif
 }
 
 }  // namespace hvdcompat

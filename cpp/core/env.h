@@ -34,7 +34,8 @@ enum class Knob : int {
   kOutputPoolBytes,
   kPollSpinMicros,
   kPollMaxSleepMicros,
-  kPollDataYieldMicros,
+  kPollDataSpinMicros,
+  kEngineSliceMicros,
   kEnableAsyncCompletion,
   kNcclLib,
   kCudartLib,
@@ -139,7 +140,8 @@ struct Config {
   int64_t output_pool_bytes;       // host outputs kept for reuse (hvdcompat/ops/_pool.py); 0: none
   int64_t poll_spin_micros;        // busy-poll before sleeping while waiting
   int64_t poll_max_sleep_micros;   // cap of the sleep back-off while waiting
-  int64_t poll_data_yield_micros;  // data collectives: poll with yields this long before sleeping
+  int64_t poll_data_spin_micros;   // data collectives: test back to back this long before sleeping
+  int64_t engine_slice_micros;     // scheduler slice of the engine's threads; 0: the default
   int64_t num_nccl_streams;        // GPU lanes (stream + communicator each), >= 1
   bool hierarchical_allreduce;     // allreduce in three steps over node/cross comms (CPU and GPU)
   bool hierarchical_allgather;     // host allgather in three steps over node/cross comms
@@ -181,5 +183,26 @@ int WorkerCoreFor(const std::vector<int>& thread_affinity, int local_rank, int l
 
 // Pins the calling thread to `core` (no-op for -1); false when the OS refused.
 bool PinCurrentThread(int core);
+
+// Note [Engine thread slice]
+// The engine's threads do short bursts of work (a negotiation round, one
+// step of MPI's progress) on cores that the training threads keep busy, and
+// the peers wait for each burst. Linux's EEVDF scheduler (6.6 and later)
+// runs a woken thread at once only when its virtual deadline comes before
+// the running thread's, and the deadline is one slice after the thread's
+// start: with the default slice (1.4 ms on a 2-core machine, longer with
+// more cores) a woken engine thread often waits for the training thread's
+// slice to end. Since Linux 6.12 a
+// thread may ask for a shorter slice (sched_setattr's sched_runtime for
+// SCHED_OTHER): it is not given more CPU time, only an earlier deadline, so
+// it preempts on wake-up and gives the core back soon after.
+// HVDCOMPAT_ENGINE_SLICE_MICROS (100 us, the kernel's minimum) is what the
+// worker threads ask for; older kernels ignore the request, and a thread
+// whose policy is not SCHED_OTHER (set by the user) is left alone.
+//
+// Asks the scheduler for a slice of `micros` for the calling thread
+// (Note [Engine thread slice]); no-op for micros <= 0. False when the OS
+// refused.
+bool RequestSchedulerSlice(int64_t micros);
 
 }  // namespace hvdcompat

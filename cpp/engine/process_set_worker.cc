@@ -148,6 +148,11 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
       HVD_LOG(kWarning) << "could not pin the engine thread of process set " << id_ << " to core "
                   << config_.worker_core << " (HOROVOD_THREAD_AFFINITY); it runs unpinned";
     }
+    if (!RequestSchedulerSlice(config_.engine_slice_micros)) {
+      HVD_LOG(kDebug) << "the scheduler refused the engine thread of process set " << id_
+                      << " a slice of " << config_.engine_slice_micros
+                      << " us (HVDCOMPAT_ENGINE_SLICE_MICROS); it keeps the default";
+    }
     Loop();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -424,11 +429,12 @@ bool ProcessSetWorker::WaitForWork(bool progressed, int64_t* backoff_us,
   if (!controller_.HasPending()) {
     // Work often follows work (the next gradient, the next step): watch
     // for it briefly before sleeping, since waking a sleeping thread costs
-    // tens of microseconds on some machines. Yielding keeps the core free
-    // for whoever needs it.
+    // tens of microseconds on some machines. Never by yielding (Note
+    // [Engine-owned waiting]): a yielding thread loses a busy core for a
+    // whole slice.
     auto until = Clock::now() + std::chrono::microseconds(config_.poll_spin_micros);
     while (!pending_hint_.load(std::memory_order_acquire) && Clock::now() < until) {
-      sched_yield();
+      CpuRelax();
     }
   }
   std::unique_lock<std::mutex> lock(mu_);

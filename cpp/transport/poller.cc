@@ -1,7 +1,5 @@
 #include "transport/poller.h"
 
-#include <sched.h>
-
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -22,11 +20,7 @@ void Poller::Wait(MPI_Request* request, MPI_Comm comm, const char* what) {
     HVD_MPI_CHECK(comm, MPI_Test(request, &flag, MPI_STATUS_IGNORE));
     if (flag) return;
     auto now = Clock::now();
-    if (now < spin_end) {
-      // Yield, never spin hard: the peer we wait for may share this core.
-      sched_yield();
-      continue;
-    }
+    if (now < spin_end) continue;  // back to back, never yielding (Note [Engine-owned waiting])
     if (abort_ && abort_->load(std::memory_order_relaxed)) {
       throw CommunicationError(std::string("aborted while waiting for ") + what);
     }

@@ -1,5 +1,6 @@
-// Waits for a nonblocking MPI request without burning a core: busy-polls for
-// a short window (peers usually arrive together), then sleeps with a growing
+// Waits for a nonblocking MPI request without burning a core: polls back to
+// back for a short window (peers usually arrive together; never yielding,
+// Note [Engine-owned waiting] in request_wait.h), then sleeps with a growing
 // back-off, probing a few times after each sleep so multi-round collectives
 // keep progressing. While waiting it checks an abort flag and, about every
 // 100 ms, whether MPI knows a member of the communicator to have failed (Note

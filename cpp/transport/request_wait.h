@@ -20,19 +20,31 @@ namespace hvdcompat {
 // the same or a peer rank needs. MPI_Test is the only progress call and it
 // runs on the worker thread alone, so no MPI thread level beyond the one the
 // engine already uses is needed (portable across Open MPI and MPICH).
-// Policy: test back to back with sched_yield in between for `yield_micros`
-// (a data collective runs once every rank has agreed to it, so it usually
-// completes within this window, and a multi-round algorithm needs frequent
-// tests to advance), then sleep with a back-off growing from 5 us to
-// `max_sleep_micros`, testing a few times after each sleep.
+// Policy: test back to back for `spin_micros` (a data collective runs once
+// every rank has agreed to it, so a short one completes within this window),
+// then sleep with a back-off growing from 5 us to `max_sleep_micros`,
+// testing a few times after each sleep (a multi-round algorithm advances
+// only when tested). The negotiation's waits (Poller) and the worker's watch
+// for new work follow the same rule.
+// Never sched_yield: under Linux's EEVDF scheduler (6.6 and later) a yield
+// moves the caller's deadline one slice back, so while a training thread is
+// runnable on the same core a yielding waiter runs about once per slice
+// (milliseconds) instead of once per test, and MPI's progress, which only
+// this thread drives, stalls while the peer waits for it. Measured with a
+// thread sharing a core with a busy one (Linux 6.18, other jobs running):
+// yielding in a loop it ran 700 times in 3 s (12 ms apart at the 90th
+// percentile), sleeping 5 us at a time 20,000 times (60 us apart at the
+// median). A sleeping waiter
+// leaves the run queue and its timer wakes it; with a short slice (Note
+// [Engine thread slice], core/env.h) it then preempts the training thread.
 struct WaitPolicy {
-  int64_t yield_micros;
+  int64_t spin_micros;
   int64_t max_sleep_micros;
   // Set (by the worker) to end a wait that would never complete; may be null.
   const std::atomic<bool>* abort = nullptr;
 
   static WaitPolicy ForData(const Config& config) {
-    return {config.poll_data_yield_micros, config.poll_max_sleep_micros, nullptr};
+    return {config.poll_data_spin_micros, config.poll_max_sleep_micros, nullptr};
   }
 };
 
