@@ -26,7 +26,9 @@ With --measure-ceiling, rounds of training without communication (every rank
 at once trains its own copy with the plain optimizer, the ranks aligned
 between iterations) alternate with rounds of the DistributedOptimizer, and
 the table gives the distributed rate as a fraction of that ceiling: the part
-of the step the gradient exchange costs.
+of the step the gradient exchange costs. A second table says where rank 0's
+time goes, per batch: the tail (the wait after backward for the last
+reductions) and each thread's CPU time and time waiting for a core.
 --mpi4py-first starts MPI from mpi4py before hvdcompat is imported, so the
 two import orders can be compared.
 """
@@ -259,7 +261,7 @@ def main():
     log(f"Running warm-up ({args.num_warmup_batches} batches) on {size} rank(s)...")
     train_batch = trainer(model, optimizer, data, target)
     if args.measure_ceiling:
-        compare_ceiling(args, train_batch, sync, device, unit, log)
+        compare_ceiling(args, optimizer, (model, data, target), sync, device, unit, log)
         hvd.shutdown()
         return
     rates = timed_run(train_batch, sync, args, unit, log)
@@ -307,7 +309,7 @@ def gather_totals(rates):
     return [sum(r[i] for r in all_rates) for i in range(len(rates))]
 
 
-def compare_ceiling(args, distributed_batch, sync, device, unit, log):
+def compare_ceiling(args, optimizer, batch_of, sync, device, unit, log):
     """Rounds without communication and distributed rounds in turns, then the table.
 
     The ceiling is what the ranks reach training at the same time with no
@@ -315,20 +317,34 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
     own copy with the plain optimizer. An allreduce of one number between
     iterations (outside the timed part) keeps the ranks side by side, so
     neither ever has the machine to itself. Alternating the rounds lets load
-    that comes and goes hit both alike.
+    that comes and goes hit both alike. The distributed step is the one
+    ``optimizer.step()`` takes, split to time its tail: the wait, after
+    backward, for the last gradients' reductions.
     """
+    model, data, target = batch_of
+    tails = []
+
+    def distributed_batch():
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        t0 = time.perf_counter()
+        optimizer.synchronize()
+        tails.append(time.perf_counter() - t0)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
     torch.manual_seed(1234)
-    model, data, target, _ = build(args)
-    model, data, target = model.to(device), data.to(device), target.to(device)
-    plain = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-    alone_batch = trainer(model, plain, data, target)
+    model_c, data_c, target_c, _ = build(args)
+    model_c, data_c, target_c = model_c.to(device), data_c.to(device), target_c.to(device)
+    plain = torch.optim.SGD(model_c.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    alone_batch = trainer(model_c, plain, data_c, target_c)
     tick = torch.zeros(1)
 
     def align():
         hvd.allreduce(tick, name="benchmark.ceiling_align")
 
     rates = {"ceiling": [], "distributed": []}
-    cpu_times = {"ceiling": {}, "distributed": {}}
+    times = {"ceiling": {}, "distributed": {}}
     for r in range(args.ceiling_rounds):
         for label, batch in (("ceiling", alone_batch), ("distributed", distributed_batch)):
             what = ("without communication" if label == "ceiling"
@@ -338,12 +354,13 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
             again = args if r == 0 else argparse.Namespace(**{**vars(args),
                                                               "num_warmup_batches": 0})
             align()
-            cpu0, wall0 = thread_cpu_seconds(), time.perf_counter()
+            t0, wall0 = thread_times(), time.perf_counter()
             rates[label] += gather_per_rank_rates(timed_run(batch, sync, again, unit, log,
                                                             after_each=align))
-            add_thread_times(cpu_times[label], cpu0, thread_cpu_seconds(),
-                             time.perf_counter() - wall0,
-                             again.num_warmup_batches + again.num_iters * again.num_batches_per_iter)
+            batches = again.num_warmup_batches + again.num_iters * again.num_batches_per_iter
+            add_thread_times(times[label], t0, thread_times(), time.perf_counter() - wall0,
+                             batches)
+    times["distributed"]["tail"] = sum(tails)
     if hvd.rank() == 0:
         ceiling = mean_conf(rates["ceiling"])
         dist = mean_conf(rates["distributed"])
@@ -356,14 +373,16 @@ def compare_ceiling(args, distributed_batch, sync, device, unit, log):
         print(f"\nCeiling {unit}/sec per rank: {ceiling[0]:.1f}; distributed: {dist[0]:.1f} "
               f"({dist[0] / ceiling[0]:.2f} of ceiling; {args.ceiling_rounds} alternating rounds "
               f"of {args.num_iters} iterations each).")
-        print_thread_times(cpu_times)
+        print_thread_times(times)
 
 
-def thread_cpu_seconds():
-    """CPU seconds (user + system) this process's threads have used, by thread name.
+def thread_times():
+    """{thread name: (CPU seconds, seconds waiting for a core)} of this process's threads.
 
-    The main thread is "main"; threads that share a name are summed. Linux only
-    (reads /proc/self/task); elsewhere it is empty and no table is printed.
+    From /proc/self/task/*/schedstat (nanoseconds: time on a CPU, time runnable
+    but waiting in the run queue); where that file is missing, the CPU time
+    from .../stat (1/SC_CLK_TCK resolution) and no wait. The main thread is
+    "main"; threads that share a name are summed. Linux only; elsewhere empty.
     """
     times = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -375,42 +394,53 @@ def thread_cpu_seconds():
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 stat = f.read()
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    on_cpu, waiting = (int(x) / 1e9 for x in f.read().split()[:2])
+            except (OSError, ValueError):
+                fields = stat[stat.rindex(")") + 2:].split()  # from the 3rd field (state) on
+                on_cpu, waiting = (int(fields[11]) + int(fields[12])) / tick, 0.0
         except OSError:
             continue  # the thread ended
         name = "main" if tid == str(os.getpid()) else stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd (state) on
-        times[name] = times.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        cpu, wait = times.get(name, (0.0, 0.0))
+        times[name] = (cpu + on_cpu, wait + waiting)
     return times
 
 
 def add_thread_times(into, before, after, wall, batches):
-    """Adds one round's CPU seconds per thread, its wall seconds and batches to `into`."""
-    for name, seconds in after.items():
-        into[name] = into.get(name, 0.0) + seconds - before.get(name, 0.0)
+    """Adds one round's per-thread CPU and run-queue seconds, wall seconds and batches."""
+    for name, (cpu, wait) in after.items():
+        cpu0, wait0 = before.get(name, (0.0, 0.0))
+        into["cpu " + name] = into.get("cpu " + name, 0.0) + cpu - cpu0
+        into["wait " + name] = into.get("wait " + name, 0.0) + wait - wait0
     into["wall"] = into.get("wall", 0.0) + wall
     into["batches"] = into.get("batches", 0) + batches
 
 
-def print_thread_times(cpu_times):
-    """Rank 0's CPU milliseconds per batch by thread, without and with communication."""
-    ceiling, dist = cpu_times["ceiling"], cpu_times["distributed"]
-    if len(dist) <= 2:
+def print_thread_times(times):
+    """Rank 0's milliseconds per batch: wall, the tail, and CPU and run-queue wait by thread."""
+    ceiling, dist = times["ceiling"], times["distributed"]
+    if "cpu main" not in dist:
         return
     per_batch = lambda d, k: 1000 * d.get(k, 0.0) / max(1, d["batches"])  # noqa: E731
-    names = sorted((k for k in set(ceiling) | set(dist) if k not in ("wall", "batches")),
-                   key=lambda k: (k != "main", -per_batch(dist, k)))
+    threads = sorted({k.split(" ", 1)[1] for k in set(ceiling) | set(dist) if " " in k},
+                     key=lambda k: (k != "main", -per_batch(dist, "cpu " + k)))
     print("\n| rank 0, ms per batch | no communication | DistributedOptimizer | difference |")
     print("|---|---:|---:|---:|")
     print(f"| wall | {per_batch(ceiling, 'wall'):.1f} | {per_batch(dist, 'wall'):.1f} | "
           f"{per_batch(dist, 'wall') - per_batch(ceiling, 'wall'):+.1f} |")
-    for name in names:
-        a, b = per_batch(ceiling, name), per_batch(dist, name)
-        if max(a, b) < 0.05:
-            continue
-        label = {"main": "CPU: main (training)"}.get(name, f"CPU: thread {name}")
-        print(f"| {label} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
-    print("(CPU time from /proc at 1/SC_CLK_TCK resolution; warm-up batches included; "
-          "hvd-ps* are the engine's workers.)")
+    print(f"| tail: waiting after backward for the last reductions | — | "
+          f"{per_batch(dist, 'tail'):.1f} | |")
+    for kind, what in (("cpu", "CPU"), ("wait", "waiting for a core")):
+        for name in threads:
+            a, b = per_batch(ceiling, f"{kind} {name}"), per_batch(dist, f"{kind} {name}")
+            if max(a, b) < 0.05:
+                continue
+            label = "main (training)" if name == "main" else f"thread {name}"
+            print(f"| {what}: {label} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    print("(Per thread from /proc/<pid>/task/*/schedstat: time on a CPU, and time runnable but "
+          "waiting for one; warm-up batches included; hvd-ps* are the engine's workers.)")
 
 
 def gather_per_rank_rates(rates):

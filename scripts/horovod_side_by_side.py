@@ -2,6 +2,8 @@
 
     python scripts/horovod_side_by_side.py allreduce -np 2
     python scripts/horovod_side_by_side.py train -np 2 --model resnet --batch-size 32 --ceiling
+    python scripts/horovod_side_by_side.py train -np 2 --resnet-width 64 --image-size 64 \
+        --batch-size 8 --ceiling --ddp --mpi4py-first     # the communication-heavy case
     python scripts/horovod_side_by_side.py ddp -np 2
     python scripts/horovod_side_by_side.py allreduce --horovod-python /path/venv/bin/python
 
@@ -19,7 +21,10 @@ hvdcompat's job. Every rank checks the reduced values.
 train: examples/pytorch_synthetic_benchmark.py's models (scripts/benchmark_helpers/synthetic_models.py)
 under DistributedOptimizer, images/sec per rank and in total; --ceiling adds
 the no-communication ceiling (every rank trains its own copy with the plain
-optimizer) in rounds alternating with DistributedOptimizer's in each job.
+optimizer) in rounds alternating with DistributedOptimizer's in each job;
+--ddp adds torch's DistributedDataParallel on gloo (same model, plain
+optimizer) in hvdcompat's job, in the same alternation. --mpi4py-first
+imports mpi4py (which starts MPI) before the implementation in every job.
 ddp: examples/pytorch_ddp_benchmark.py's MLP, steps/s: DDP on gloo, on the
 hvdcompat backend and on gloo with the accelerate hook in hvdcompat's job
 (Horovod has no DDP backend), and DistributedOptimizer in both jobs.
@@ -124,20 +129,32 @@ def allreduce_worker(args, hvd):
 
 def train_worker(args, hvd):
     """Images/sec under DistributedOptimizer; with --ceiling, in alternating rounds with the
-    same model trained by every rank alone (plain optimizer, no gradient exchange)."""
+    same model trained by every rank alone (plain optimizer, no gradient exchange); with
+    --ddp (hvdcompat's job), also under DDP on gloo."""
     import torch
     import torch.nn.functional as F
+
+    ddp = args.ddp and args.impl == "hvdcompat"
+    if ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import hvdcompat.ddp  # noqa: F401  (fills RANK, MASTER_ADDR, ... under mpirun)
+
+        dist.init_process_group("gloo")
 
     sys.path.insert(0, HERE)
     from benchmark_helpers.synthetic_models import build
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.size()))
 
-    def trainer(distributed):
+    def trainer(kind):
         torch.manual_seed(1234)
         model, data, target, unit = build(args)
+        if kind == "ddp":
+            model = DDP(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-        if distributed:
+        if kind == "distributed":
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -151,8 +168,8 @@ def train_worker(args, hvd):
             batch()
         return batch, unit
 
-    kinds = (["ceiling"] if args.ceiling else []) + ["distributed"]
-    batches = {k: trainer(k == "distributed") for k in kinds}
+    kinds = (["ceiling"] if args.ceiling else []) + ["distributed"] + (["ddp"] if ddp else [])
+    batches = {k: trainer(k) for k in kinds}
     unit = batches["distributed"][1]
     rates = {k: [] for k in kinds}
     for _ in range(args.ceiling_rounds if args.ceiling else 1):
@@ -170,8 +187,11 @@ def train_worker(args, hvd):
         mine = statistics.median(rates[kind])
         total = hvd.allreduce(torch.tensor([mine], dtype=torch.float64), op=hvd.Sum,
                               name=f"side.total.{kind}").item()
-        prefix = "" if kind == "distributed" else "ceiling_"
+        prefix = {"distributed": "", "ceiling": "ceiling_", "ddp": "ddp_"}[kind]
         row.update({prefix + "per_rank": mine, prefix + "total": total})
+    if ddp:
+        dist.barrier()
+        dist.destroy_process_group()
     return row
 
 
@@ -251,6 +271,8 @@ def ddp_worker(args, hvd):
 
 
 def worker(args):
+    if args.mpi4py_first:
+        from mpi4py import MPI  # noqa: F401  (starts MPI before the implementation is imported)
     hvd = import_hvd(args.impl)
     hvd.init()
     row = {"allreduce": allreduce_worker, "train": train_worker, "ddp": ddp_worker}[args.what](
@@ -335,12 +357,18 @@ def driver(args, passthrough):
               "raw MPI: mpi4py Allreduce in place, in hvdcompat's job")
     elif args.what == "train":
         unit = rows["hvdcompat"][0]["unit"]
-        print(f"# {args.model} batch {args.batch_size} per rank, {unit}/sec"
+        print(f"# {args.model} (width {args.resnet_width}, {args.image_size}x{args.image_size}) "
+              f"batch {args.batch_size} per rank, {unit}/sec"
               + (f"; ceiling: every rank trains alone (no gradient exchange), in "
                  f"{args.ceiling_rounds} rounds alternating with DistributedOptimizer's in "
-                 "each job" if args.ceiling else ""))
+                 "each job" if args.ceiling else "")
+              + ("; MPI started by mpi4py first" if args.mpi4py_first else ""))
+        # DDP on gloo ran in hvdcompat's jobs only (Horovod has no DDP backend): its ceiling
+        # is the one measured in those jobs.
+        ddp = args.ddp
         impls_here = ["hvdcompat"] + (["horovod"] if peer else [])
-        cols = ["", "hvdcompat"] + (["Horovod 0.28.1", "hvdcompat / Horovod"] if peer else [])
+        cols = (["", "hvdcompat"] + (["DDP on gloo"] if ddp else [])
+                + (["Horovod 0.28.1", "hvdcompat / Horovod"] if peer else []))
         print("| " + " | ".join(cols) + " |")
         print("|---|" + "---:|" * (len(cols) - 1))
         lines = [("per_rank", "per rank"), ("total", "total")]
@@ -348,15 +376,26 @@ def driver(args, passthrough):
             lines += [("ceiling_per_rank", "ceiling, per rank (no communication)")]
         for key, label in lines:
             vals = [med(i, key) for i in impls_here]
-            cells = [label] + [f"{v:.1f}" for v in vals]
+            cells = [label, f"{vals[0]:.1f}"]
+            if ddp:
+                ddp_key = key if key.startswith("ceiling") else "ddp_" + key
+                cells.append(f"{med('hvdcompat', ddp_key):.1f}")
             if peer:
-                cells.append(f"{vals[0] / vals[1]:.2f}")
+                cells += [f"{vals[1]:.1f}", f"{vals[0] / vals[1]:.2f}"]
             print("| " + " | ".join(cells) + " |")
         if args.ceiling:
-            fr = [statistics.median(r["per_rank"] / r["ceiling_per_rank"] for r in rows[i])
-                  for i in impls_here]
-            print("| of its ceiling | " + " | ".join(f"{f:.2f}" for f in fr)
-                  + (f" | {fr[0] / fr[1]:.2f}" if peer else "") + " |")
+            of = lambda rows_, key: statistics.median(  # noqa: E731
+                r[key] / r["ceiling_per_rank"] for r in rows_)
+            fr = [of(rows[i], "per_rank") for i in impls_here]
+            cells = ["of its ceiling", f"{fr[0]:.2f}"]
+            if ddp:
+                cells.append(f"{of(rows['hvdcompat'], 'ddp_per_rank'):.2f}")
+            if peer:
+                cells += [f"{fr[1]:.2f}", f"{fr[0] / fr[1]:.2f}"]
+            print("| " + " | ".join(cells) + " |")
+        if ddp:
+            print("# DDP on gloo: torch's DistributedDataParallel (same model, plain optimizer) "
+                  "in hvdcompat's jobs, in the same alternation; its ceiling is theirs")
     else:
         print(f"# MLP {args.layers}x{args.hidden}, batch {args.batch_size} per rank, SGD; "
               f"steps/s of the slowest rank, {args.warmup} warm-up + {args.iters} timed steps, "
@@ -398,6 +437,10 @@ def main(argv=None):
     parser.add_argument("--ceiling", action="store_true",
                         help="train: also the no-communication ceiling, in alternating rounds")
     parser.add_argument("--ceiling-rounds", type=int, default=2)
+    parser.add_argument("--ddp", action="store_true",
+                        help="train: also DDP on gloo in hvdcompat's job, in the same rounds")
+    parser.add_argument("--mpi4py-first", action="store_true",
+                        help="import mpi4py (starting MPI) before hvdcompat or Horovod")
     # ddp (as examples/pytorch_ddp_benchmark.py; --iters and --warmup are the steps)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=6)

@@ -119,6 +119,7 @@ SHORT_SETTINGS = {
           "--measure-ceiling", "--ceiling-rounds", "1", *_BENCH_SHORT],
          ["MPI started by: mpi4py, before hvdcompat", "| no communication (ceiling) |",
           "| DistributedOptimizer |", _fraction_of_ceiling, "| rank 0, ms per batch |",
+          "| tail: waiting after backward for the last reductions |",
           "| CPU: main (training) |"]),
         (["--model", "transformer", "--seq-len", "16", "--fp16-allreduce",
           "--baseline-img-sec", "10", *_BENCH_SHORT],
