@@ -15,7 +15,9 @@ using HostReduceFn = void (*)(void* out, const void* a, const void* b, size_t n)
 
 // The function for `dtype` and `op` (Sum and Average both add: Average is
 // scaled afterwards; bool reduces as uint8, as MPI_UINT8_T on the MPI path).
-// 16-bit floats have none: they are widened to float32 first (InternalError).
+// For float16/bfloat16, each call widens both operands to float32 and rounds
+// the result back (Note [16-bit wire], ops/mpi_16bit_ops.h): the paths that
+// round once widen their buffers to HostReduceType and reduce in float32.
 HostReduceFn HostReduceFor(DataType dtype, ReduceOp op);
 
 }  // namespace hvdcompat

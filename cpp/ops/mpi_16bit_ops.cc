@@ -1,41 +1,20 @@
 #include "ops/mpi_16bit_ops.h"
 
-#include <algorithm>
 #include <array>
-#include <cstdint>
 
-#include "ops/cpu_kernels.h"
+#include "ops/host_reduce.h"
 #include "transport/mpi_util.h"
 
 namespace hvdcompat {
 
 namespace {
 
-constexpr int64_t kBlock = 1024;  // elements widened at a time (8 KiB of float32 on the stack)
-
+// MPI's user-function shape around the host reduction (ops/host_reduce.h):
+// inout = inout (op) in, widened and rounded once per element.
 template <DataType D, ReduceOp O>
 void Combine(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* src = static_cast<const uint16_t*>(in);
-  auto* dst = static_cast<uint16_t*>(inout);
-  float a[kBlock];
-  float b[kBlock];
-  for (int64_t at = 0; at < *len; at += kBlock) {
-    const int64_t n = std::min<int64_t>(kBlock, *len - at);
-    ConvertScale(a, DataType::kFloat32, src + at, D, n, 1.0);
-    ConvertScale(b, DataType::kFloat32, dst + at, D, n, 1.0);
-    for (int64_t i = 0; i < n; ++i) {
-      if constexpr (O == ReduceOp::kMin) {
-        b[i] = a[i] < b[i] ? a[i] : b[i];
-      } else if constexpr (O == ReduceOp::kMax) {
-        b[i] = a[i] > b[i] ? a[i] : b[i];
-      } else if constexpr (O == ReduceOp::kProduct) {
-        b[i] *= a[i];
-      } else {
-        b[i] += a[i];
-      }
-    }
-    ConvertScale(dst + at, D, b, DataType::kFloat32, n, 1.0);
-  }
+  static const HostReduceFn reduce = HostReduceFor(D, O);
+  reduce(inout, inout, in, static_cast<size_t>(*len));
 }
 
 // The ops' order in each dtype's four: Sum (also Average's), Min, Max, Product.
