@@ -106,14 +106,16 @@ const std::vector<KnobSpec>& AllKnobs() {
        "intra-node broadcast."},
       {Knob::kLinkPlan, "LINK_PLAN", false, "auto", "auto|host|network",
        "Host allreduce transport: network (pipelined segments, hierarchical with several ranks "
-       "per host) when the ranks span hosts, host (cache-sized chunks) otherwise; or forced."},
+       "per host; on Gloo, the ring with the 16-bit wire) when the ranks span hosts, host "
+       "(cache-sized chunks) otherwise; or forced."},
       {Knob::kNetworkSegmentBytes, "NETWORK_SEGMENT_BYTES", false, "4194304", "bytes",
        "Network plan: host allreduces run as pipelined calls of at most this size."},
       {Knob::kNetworkPipelineDepth, "NETWORK_PIPELINE_DEPTH", false, "3", "segments",
        "Network plan: segments in flight at once (the next is packed while they travel)."},
       {Knob::kNetwork16BitWire, "NETWORK_16BIT_WIRE", false, "1", "bool",
-       "Network plan: float16/bfloat16 cross hosts as 16 bits, each reduction step rounding "
-       "(as Horovod); 0 widens them to float32 on the link (one rounding, twice the bytes)."},
+       "Network plan (either controller): float16/bfloat16 cross hosts as 16 bits, each "
+       "reduction step rounding (as Horovod); 0 widens them to float32 on the link (one "
+       "rounding, twice the bytes). Set alike on every rank."},
       {Knob::kGlooSegmentBytes, "GLOO_SEGMENT_BYTES", false, "1048576", "bytes",
        "Gloo controller: the host allreduce's ring moves segments of at most this size."},
       {Knob::kGlooPipelineDepth, "GLOO_PIPELINE_DEPTH", false, "4", "segments",

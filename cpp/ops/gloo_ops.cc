@@ -11,6 +11,7 @@
 #include "ops/gloo_hierarchical_ops.h"
 #include "ops/gloo_peers.h"
 #include "ops/host_reduce.h"
+#include "ops/node_layout.h"
 #include "ops/scatter_blocks.h"
 #include "transport/control_transport.h"
 #include "gloo/allgatherv.h"
@@ -62,6 +63,25 @@ GlooBackend::GlooBackend(std::shared_ptr<gloo::Context> context, const Config& c
   if (config.hierarchical_allreduce || config.hierarchical_allgather) {
     hierarchy_ = std::make_unique<GlooHierarchy>(context_, global_ranks, config);
   }
+  // Note [16-bit wire on Gloo] (ops/gloo_ops.h).
+  const std::vector<std::string> nodes =
+      NodeLabels(global_ranks, config.rank_hosts, config.hierarchical_local_size);
+  const bool spans = std::any_of(nodes.begin(), nodes.end(),
+                                 [&](const std::string& n) { return n != nodes.front(); });
+  network_ = config.link_plan == "network" || (config.link_plan == "auto" && spans);
+  wire_16bit_ = network_ && config.network_16bit_wire;
+}
+
+DataType GlooBackend::WireType(DataType dtype) const {
+  const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  return half && wire_16bit_ ? dtype : HostReduceType(dtype);
+}
+
+void GlooBackend::CountNetwork(int64_t elements, size_t wire_size) {
+  if (!network_ || !stats_) return;
+  stats_->network_allreduces.fetch_add(1, std::memory_order_relaxed);
+  stats_->network_bytes.fetch_add(static_cast<uint64_t>(elements) * wire_size,
+                                  std::memory_order_relaxed);
 }
 
 GlooBackend::~GlooBackend() = default;
@@ -143,11 +163,11 @@ void GlooBackend::Allreduce(const Response& r, std::vector<ExecUnit>& units) {
 void GlooBackend::RingAllreduce(const Response& r, std::vector<Piece>& pieces, int64_t total,
                                 double post) {
   const size_t esize = DataTypeSize(r.dtype);
-  const DataType wire = HostReduceType(r.dtype);
+  const DataType wire = WireType(r.dtype);
   const size_t wsize = DataTypeSize(wire);
   const bool post_in_double = PostInDouble(r.reduce_op);
   // Large tensors (and a lone one) are reduced where their outputs lie; the
-  // others, and every 16-bit float (widened), are packed into the fusion
+  // others, and every widened 16-bit float, are packed into the fusion
   // buffer, consecutive ones into one part.
   auto direct = [&](const Piece& p) {
     return wire == r.dtype &&
@@ -220,11 +240,13 @@ void GlooBackend::RingAllreduce(const Response& r, std::vector<Piece>& pieces, i
   }
   const HostReduceFn reduce = HostReduceFor(wire, r.reduce_op);
   Timed("GLOO_ALLREDUCE", [&] { ring_.Allreduce(parts, total, wsize, reduce, hooks); });
+  CountNetwork(total, wsize);
 }
 
 void GlooBackend::NodeAwareAllreduce(const Response& r, std::vector<Piece>& pieces,
                                      int64_t total, double post) {
-  const DataType wire = HostReduceType(r.dtype);
+  const DataType wire = WireType(r.dtype);
+  CountNetwork(total, DataTypeSize(wire));
   const size_t wsize = DataTypeSize(wire);
   const bool post_in_double = PostInDouble(r.reduce_op);
   if (pieces.size() == 1 && wire == r.dtype) {

@@ -12,6 +12,20 @@
 // the shared algorithm over Gloo's point-to-point messages (Note [Adasum
 // peers]); the hierarchical knobs take the node-aware steps of Note
 // [Hierarchical collectives on Gloo].
+//
+// Note [16-bit wire on Gloo]
+// float16 and bfloat16 follow the MPI controller's rules: within one host
+// they are widened to float32 while packing and rounded once while
+// unpacking; when the set spans hosts (or HVDCOMPAT_LINK_PLAN=network), they
+// travel and are reduced as 16-bit elements, each reduction step widening
+// both operands and rounding back (Note [16-bit wire], ops/mpi_16bit_ops.h),
+// so fp16 compression halves the bytes on the link as it does on MPI;
+// HVDCOMPAT_NETWORK_16BIT_WIRE=0 keeps the float32 wire. Hosts are the node
+// labels of the hierarchical steps (host names, or pseudo-nodes of
+// HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE ranks), the same on every rank. The two
+// knobs must be set alike on every rank (hvdcompatrun forwards them): unlike
+// the MPI controller, which takes rank 0's values, the Gloo controller does
+// not exchange them, and ranks that disagree reduce different element sizes.
 #pragma once
 
 #include <chrono>
@@ -76,6 +90,11 @@ class GlooBackend : public CollectiveBackend {
   void AllgatherBytes(const void* send, void* recv, const std::vector<int64_t>& counts);
   // The same for an allgather's data, node-aware when HOROVOD_HIERARCHICAL_ALLGATHER applies.
   void GatherBlocks(const void* send, void* recv, const std::vector<int64_t>& counts);
+  // The type an allreduce of `dtype` travels and is reduced in (Note [16-bit
+  // wire on Gloo]).
+  DataType WireType(DataType dtype) const;
+  // Counts an allreduce of `elements` on the network route (engine stats).
+  void CountNetwork(int64_t elements, size_t wire_size);
   // Labels a failure with the op and this rank.
   [[noreturn]] void Fail(const char* what, const std::exception& e) const;
 
@@ -92,6 +111,8 @@ class GlooBackend : public CollectiveBackend {
   // Node-aware steps; only with a hierarchical knob set.
   std::unique_ptr<GlooHierarchy> hierarchy_;
   EngineStats* stats_;
+  bool network_ = false;     // HVDCOMPAT_LINK_PLAN's route: the set spans hosts, or forced
+  bool wire_16bit_ = false;  // ... and 16-bit floats travel as 16 bits
 };
 
 }  // namespace hvdcompat

@@ -130,34 +130,4 @@ def test_joined_rank_contributes_identities_on_the_network_plan(dtype):
             hvd.join()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("wire", [1, 0])
-def test_16bit_floats_cross_as_16_bits_unless_widened(dtype, wire):
-    """Note [16-bit wire]: 2 bytes per element on the link, or 4 with the wire widened."""
-    n = hvd.size()
-    count = 6000  # past the 4 KiB segment: several segments
-    with engine(link_plan="network", network_segment_bytes=SEGMENT,
-                network_16bit_wire=wire) as cfg:
-        assert cfg["network_16bit_wire"] is bool(wire)
-        xs = all_inputs((count,), dtype, ("net.wire", wire, dtype_id(dtype)))
-        hvd.reset_engine_stats()
-        out = hvd.allreduce(xs[hvd.rank()], op=hvd.Sum, name=f"net.wire.{wire}")
-        s = hvd.engine_stats()
-        assert_same(out, expected_reduce(xs, dtype, hvd.Sum), exact=True, what="16-bit Sum")
-        assert s["network_bytes"] == count * (2 if wire else 4), s["network_bytes"]
-        # 1 + 2^-11 + ... : each partial sum rounded to float16 can lose the small terms,
-        # the widened wire rounds once: only its result is predictable on 3+ ranks.
-        if dtype == torch.float16 and n >= 3:
-            t = torch.full((8,), 2.0 ** -11 if hvd.rank() else 1.0, dtype=dtype)
-            got = hvd.allreduce(t, op=hvd.Sum, name=f"net.wire.round.{wire}")
-            exact = 1.0 + (n - 1) * 2.0 ** -11
-            once = torch.tensor(exact, dtype=torch.float16).item()
-            if wire:
-                # Each element is rounded in whatever order its part of the ring met the
-                # terms (n - 1 additions, each off by at most half a unit of 2^-10), and
-                # every rank receives the same values.
-                assert all(abs(v - exact) <= (n - 1) * 2.0 ** -11 for v in got.tolist()), got
-                everyone = hvd.allgather(got[None], name=f"net.wire.same.{wire}")
-                assert (everyone == got).all(), everyone
-            else:
-                assert torch.equal(got, torch.full((8,), once, dtype=dtype))
+# 16-bit floats on the link: tests/parallel/test_16bit_wire.py (both controllers).
