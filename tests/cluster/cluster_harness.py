@@ -31,6 +31,17 @@ def host_list(cluster, layout):
     return ",".join(f"{cluster.names[i]}:{n}" for i, n in enumerate(layout))
 
 
+def _dump_then_kill_ranks(piddir):
+    """Every rank registered in `piddir` dumps its stacks (SIGUSR1), then is killed."""
+    for sig, pause in ((signal.SIGUSR1, 3), (signal.SIGKILL, 0)):
+        for name in os.listdir(piddir):
+            try:
+                os.kill(int(name), sig)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+        time.sleep(pause)
+
+
 def _run(cluster, cmd, timeout, env, piddir):
     start = time.monotonic()
     proc = subprocess.Popen(cluster.on_host(0, cmd), stdout=subprocess.PIPE,
@@ -45,13 +56,7 @@ def _run(cluster, cmd, timeout, env, piddir):
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        for sig, pause in ((signal.SIGUSR1, 3), (signal.SIGKILL, 0)):
-            for name in os.listdir(piddir):
-                try:
-                    os.kill(int(name), sig)
-                except (ValueError, ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(pause)
+        _dump_then_kill_ranks(piddir)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -144,13 +149,7 @@ def run_on_each_host(cluster, commands, timeout, env=None, hostname=None):
                 timed_out = True
                 break
         if timed_out:
-            for sig, pause in ((signal.SIGUSR1, 3), (signal.SIGKILL, 0)):
-                for name in os.listdir(piddir):
-                    try:
-                        os.kill(int(name), sig)
-                    except (ValueError, ProcessLookupError, PermissionError):
-                        pass
-                time.sleep(pause)
+            _dump_then_kill_ranks(piddir)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -195,20 +195,14 @@ _AGENT = r'''#!/bin/bash
 # runs COMMAND in HOST's namespace, with HOST's hostname and a clean environment.
 log={log}
 echo "ARGS $*" >> "$log"
+# Options may come before the host and after it, as OpenSSH takes them (horovodrun puts
+# -p/-o after it); the first word after the host that is not an option starts COMMAND.
+host=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -p|-i|-l|-o|-F|-J|-E|-c|-b|-e|-m|-L|-R|-D|-W|-S) echo "OPT $1 $2" >> "$log"; shift 2 ;;
     -*) echo "OPT $1" >> "$log"; shift ;;
-    *) break ;;
-  esac
-done
-host="$1"; shift
-# Options may follow the host too, as OpenSSH takes them (horovodrun puts -p/-o there).
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -p|-i|-l|-o|-F|-J|-E|-c|-b|-e|-m|-L|-R|-D|-W|-S) echo "OPT $1 $2" >> "$log"; shift 2 ;;
-    -*) echo "OPT $1" >> "$log"; shift ;;
-    *) break ;;
+    *) [ -n "$host" ] && break; host="$1"; shift ;;
   esac
 done
 case "$host" in
