@@ -195,6 +195,8 @@ void CoreFinalize() {
   // Note [No MPI_Finalize under ULFM] (engine/elastic_reset.h); Note [Ending
   // a stuck wait] (transport/request_wait.h): finalize would wait on the peer.
   if (core.waits_abandoned) {
+    // Nothing to say where MPI is not running (the Gloo controller never starts it).
+    if (!initialized || finalized) return;
     HVD_LOG(kWarning) << "exit: MPI_Finalize skipped, since a collective was abandoned on a "
                          "stopped peer (the earlier error says which); the launcher may report "
                          "that this process ended without finalizing.";

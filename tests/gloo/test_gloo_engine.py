@@ -90,6 +90,8 @@ def test_shutdown_ends_a_wait_on_a_stopped_peer():
     assert rc0 == 0, dump(results)
     assert rc1 == -9, dump(results)  # stopped until rank 0 killed it
     assert "the pending op: HorovodInternalError" in out0, out0
+    # No word of MPI_Finalize at exit: the Gloo controller never starts MPI.
+    assert "MPI_Finalize" not in out0, out0
 
 
 @pytest.mark.parametrize("size", [2, 3])
