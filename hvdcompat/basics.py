@@ -269,7 +269,7 @@ def _mark_final_world():
     codes (their rank supervisors record them); see ElasticDriver.verdict.
     """
     directory = _core.setting("ELASTIC_DIR")
-    rank = mpi_world.world_rank()
+    rank = mpi_world.launch_rank()  # the rank supervisor's key for this process
     if not directory or rank is None:
         return
     try:

@@ -20,6 +20,8 @@ import pytest
 
 from harness import REPO, launcher_failed_to_start, mpi_env, note_launcher_retry
 
+from hvdcompat import _core
+
 TIMEOUT = 240
 ARGS = ["--samples", "144", "--batch-size", "4", "--epochs", "2"]
 
@@ -104,14 +106,18 @@ def test_fewer_survivors_than_min_np_is_a_clear_error(tmp_path):
 
 # Each rank runs under sh, which prints how the rank's own process exited.
 _EXIT_WRAPPER = ('"$0" tests/scripts/elastic_exit.py "$1" "$2"; c=$?; '
-                 'echo "RANK EXIT world rank $OMPI_COMM_WORLD_RANK: $c"; exit $c')
+                 'echo "RANK EXIT world rank ${OMPI_COMM_WORLD_RANK:-$HOROVOD_RANK}: $c"; exit $c')
 
 
-@pytest.mark.parametrize("end, code", [("exit:3", 3), ("raise", 1)])
-def test_survivors_exit_code_after_a_lossy_reset_is_the_jobs(end, code):
+@pytest.mark.parametrize("controller, end, code", [
+    ("mpi", "exit:3", 3), ("mpi", "raise", 1),
+    pytest.param("gloo", "exit:3", 3, marks=pytest.mark.skipif(
+        not getattr(_core, "gloo_built", bool)(), reason="needs the Gloo controller"))])
+def test_survivors_exit_code_after_a_lossy_reset_is_the_jobs(controller, end, code):
     # World rank 1 fails in hvd.elastic.run; ranks 0 and 2 reset, finish and end by `end`.
-    cmd = [sys.executable, "-m", "hvdcompat.runner.launch", "-np", "3", "--min-np", "2",
-           "sh", "-c", _EXIT_WRAPPER, sys.executable, "1", end]
+    flags = ["--gloo"] if controller == "gloo" else []
+    cmd = [sys.executable, "-m", "hvdcompat.runner.launch", *flags, "-np", "3",
+           "--min-np", "2", "sh", "-c", _EXIT_WRAPPER, sys.executable, "1", end]
     proc = subprocess.run(cmd, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace", timeout=TIMEOUT)
     out = proc.stdout

@@ -16,7 +16,7 @@ runs it as a plain module beside itself, without importing the package
 import os
 
 __all__ = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "LAUNCH_VARIABLES", "read",
-           "world_rank", "launched_by_mpi"]
+           "world_rank", "launch_rank", "launched_by_mpi"]
 
 RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -49,6 +49,17 @@ def read(names, environ=None):
 def world_rank(environ=None):
     """This process's rank in the MPI world the launcher started, or None."""
     return read(RANK, environ)
+
+
+def launch_rank(environ=None):
+    """This process's number in its launch, or None.
+
+    Its MPI world rank; under ``hvdcompatrun --gloo``, which starts the ranks
+    itself, ``HOROVOD_RANK`` (a worker started with the job) or
+    ``HVDCOMPAT_ELASTIC_JOIN`` (a worker added to an elastic job, its number).
+    The rank supervisor and the elastic marks at exit key their files by it.
+    """
+    return read(RANK + ("HOROVOD_RANK", "HVDCOMPAT_ELASTIC_JOIN"), environ)
 
 
 def launched_by_mpi(environ=None):

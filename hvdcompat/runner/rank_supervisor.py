@@ -81,8 +81,7 @@ def _die_with_parent():
 
 
 def _rank():
-    # HOROVOD_RANK: hvdcompatrun --gloo starts the rank itself.
-    rank = mpi_world.read(mpi_world.RANK + ("HOROVOD_RANK",))
+    rank = mpi_world.launch_rank()
     return -1 if rank is None else rank
 
 
