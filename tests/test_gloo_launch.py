@@ -1,6 +1,6 @@
 """Jobs without an MPI launcher: hvdcompatrun --gloo and torchrun, at 2 and 3 ranks, running real
 collectives on the Gloo controller (results from rank and size; tests/gloo_scripts/collectives.py),
-a killed rank, and DDP on the engine under torchrun.
+a killed rank (also while another is stopped), and DDP on the engine under torchrun.
 
 A build without the Gloo controller must say so on every rank instead (the same launches check it).
 """
@@ -86,6 +86,22 @@ def test_a_killed_rank_fails_the_survivors_and_the_launch():
     assert all(why.startswith("HorovodInternalError: rank(s) 1 on host ")
                for _, why in survivors), survivors
     assert time.monotonic() - started < 150
+
+
+@pytest.mark.skipif(not GLOO, reason="needs the Gloo controller in the build")
+def test_a_survivor_stopped_past_the_grace_blames_only_the_killed_rank():
+    # Rank 2 stops rank 1 for 2.5 s, then dies: rank 0 ends its waits (and closes its
+    # connections) 0.8 s after it finds the loss, long before rank 1 looks (Note [Who closed
+    # first] in cpp/transport/gloo_watch.h).
+    code, out = launch(["hvdcompat.runner.launch", "--gloo", "-np", "3", sys.executable, SCRIPT,
+                        "kill-stopped"])
+    assert code != 0, out
+    assert re.search(r"hvdcompatrun: rank 2 on host \S+ was killed by signal 9", out), out
+    survivors = dict(re.findall(r"survivor (\d+): (.*)", out))
+    assert sorted(survivors) == ["0", "1"], out
+    # Each names rank 2 alone: not rank 0, whose connections rank 1 also finds closed.
+    assert all(why.startswith("HorovodInternalError: rank(s) 2 on host ")
+               for why in survivors.values()), survivors
 
 
 def test_ddp_under_torchrun_runs_on_the_engine():

@@ -1,8 +1,6 @@
 #include "transport/gloo_watch.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,7 +10,7 @@
 #include "core/common.h"
 #include "core/logging.h"
 #include "gloo/context.h"
-#include "gloo/transport/tcp/pair.h"
+#include "transport/gloo_pair_socket.h"
 
 namespace hvdcompat {
 
@@ -43,7 +41,26 @@ GlooWatch::GlooWatch(std::chrono::milliseconds peer_timeout)
       suspect_after_(SuspectAfter(peer_timeout)),
       thread_([this] { Loop(); }) {}
 
-GlooWatch::~GlooWatch() { Stop(); }
+GlooWatch::~GlooWatch() {
+  Stop();
+  std::vector<Closing> closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : entries_) Release(&e);
+    entries_.clear();
+    closing.swap(closing_);
+  }
+  // Note [Who closed first]: the connections of a context with a loss end no
+  // sooner than its abort time, also when the job is freed before it (a
+  // failed job's shutdown, a fast elastic reset). This waits at most
+  // kAbortGrace; a thread left to wait would die with a process that exits.
+  std::sort(closing.begin(), closing.end(),
+            [](const Closing& a, const Closing& b) { return a.at < b.at; });
+  for (const auto& c : closing) {
+    std::this_thread::sleep_until(c.at);
+    for (int fd : c.socks) EndConnection(fd);
+  }
+}
 
 void GlooWatch::Stop() {
   {
@@ -63,14 +80,35 @@ void GlooWatch::Watch(const std::shared_ptr<gloo::Context>& ctx, std::vector<int
   e.key = ctx.get();
   e.ranks = std::move(ranks);
   e.what = std::move(what);
+  e.socks.assign(ctx->size, -1);
+  for (int i = 0; i < ctx->size; ++i) {
+    if (i != ctx->rank) e.socks[i] = DuplicatePairSocket(ctx->getPair(i).get());
+  }
   entries_.push_back(std::move(e));
+}
+
+void GlooWatch::Release(Entry* e) {
+  if (e->doomed && !e->aborted) {
+    closing_.push_back({e->abort_at, std::move(e->socks)});
+  } else {
+    // Gloo's own socket holds the connection (or it ended already).
+    for (int fd : e->socks) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  e->socks.clear();
 }
 
 void GlooWatch::Forget(const gloo::Context* ctx) {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                [&](const Entry& e) { return e.key == ctx; }),
-                 entries_.end());
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->key == ctx) {
+      Release(&*it);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::vector<int> GlooWatch::ClosedPeers(gloo::Context& ctx) {
@@ -83,73 +121,33 @@ std::vector<int> GlooWatch::ClosedPeers(gloo::Context& ctx) {
   return closed;
 }
 
-namespace {
-
-// Pair::signalExceptionExternal (what Gloo itself calls when a wait times
-// out), the pair's lock, state and socket are protected; member pointers
-// named through a derived class reach them.
-struct PairAccess : gloo::transport::tcp::Pair {
-  static constexpr auto kSignal = &PairAccess::signalExceptionExternal;
-
-  // Calls fn(socket) under the pair's lock while it is connected (Gloo closes
-  // the socket only under that lock); false when it is not.
-  template <typename Fn>
-  static bool WithSocket(gloo::transport::Pair* any, Fn&& fn) {
-    auto* pair = dynamic_cast<gloo::transport::tcp::Pair*>(any);
-    if (pair == nullptr) return false;
-    std::lock_guard<std::mutex> lock(pair->*(&PairAccess::m_));
-    const int fd = pair->*(&PairAccess::fd_);
-    if (pair->*(&PairAccess::state_) != CONNECTED || fd < 0) return false;
-    fn(fd);
-    return true;
-  }
-};
-
-}  // namespace
-
 void GlooWatch::KeepAlive(gloo::Context& ctx) const {
   const int idle = static_cast<int>(KeepaliveIdle(peer_timeout_).count());
   const int interval = static_cast<int>(kProbeInterval.count());
   // The kernel's own end of a connection that never answers comes long after
   // ours (Note [Silent peers on Gloo]); 127 is the most it takes.
   const int count = 127;
-  const int on = 1;
   for (int i = 0; i < ctx.size; ++i) {
     if (i == ctx.rank) continue;
-    PairAccess::WithSocket(ctx.getPair(i).get(), [&](int fd) {
-      if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
-          setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
-          setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)) != 0 ||
-          setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count)) != 0) {
-        HVD_LOG(kWarning) << "Gloo: could not turn on TCP keepalives toward member " << i
-                          << " (" << std::strerror(errno) << "); a silent peer there is not "
-                          << "noticed (HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS)";
-      }
-    });
+    if (!KeepPairAlive(ctx.getPair(i).get(), idle, interval, count)) {
+      HVD_LOG(kWarning) << "Gloo: could not turn on TCP keepalives toward member " << i
+                        << " (" << std::strerror(errno) << "); a silent peer there is not "
+                        << "noticed (HVDCOMPAT_GLOO_PEER_TIMEOUT_SECONDS)";
+    }
   }
 }
 
 std::vector<int64_t> GlooWatch::Silences(gloo::Context& ctx) {
   std::vector<int64_t> out(ctx.size, -1);
   for (int i = 0; i < ctx.size; ++i) {
-    if (i == ctx.rank) continue;
-    PairAccess::WithSocket(ctx.getPair(i).get(), [&](int fd) {
-      tcp_info info{};
-      socklen_t len = sizeof(info);
-      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return;
-      out[i] = std::min(info.tcpi_last_data_recv, info.tcpi_last_ack_recv);
-    });
+    if (i != ctx.rank) out[i] = PairSilenceMs(ctx.getPair(i).get());
   }
   return out;
 }
 
 void GlooWatch::Abort(gloo::Context& ctx, const std::string& why) {
   for (int i = 0; i < ctx.size; ++i) {
-    if (i == ctx.rank) continue;
-    auto& pair = ctx.getPair(i);
-    auto* tcp = pair ? dynamic_cast<gloo::transport::tcp::Pair*>(pair.get()) : nullptr;
-    // Keeps the first exception where the pair already failed.
-    if (tcp) (tcp->*PairAccess::kSignal)(why);
+    if (i != ctx.rank) FailPair(ctx.getPair(i).get(), why);
   }
 }
 
@@ -190,7 +188,7 @@ bool GlooWatch::Look(Entry* e, gloo::Context& ctx) {
     e->lost = suspects;
     e->silent = true;
   } else {
-    e->lost = ClosedPeers(ctx);
+    e->lost = FirstClosed(*e, ctx);
     if (!e->lost.empty() && !suspects.empty()) {
       e->lost = suspects;
       e->silent = true;
@@ -205,6 +203,45 @@ bool GlooWatch::Look(Entry* e, gloo::Context& ctx) {
     e->abort_at = std::chrono::steady_clock::now() + kAbortGrace;
   }
   return true;
+}
+
+std::vector<int> GlooWatch::FirstClosed(const Entry& e, gloo::Context& ctx) const {
+  // Cheap first: Gloo's pair states (its loop has read an end).
+  if (ClosedPeers(ctx).empty()) return {};
+  struct Closed {
+    int member;
+    int64_t ago_ms;  // since the peer's FIN arrived; -1: unknown
+  };
+  std::vector<Closed> closed;
+  int64_t first = -1;
+  for (int i = 0; i < ctx.size; ++i) {
+    if (i == ctx.rank) continue;
+    // The kernel's view first: Gloo's loop may not have read every end yet.
+    const int sock = i < static_cast<int>(e.socks.size()) ? e.socks[i] : -1;
+    const bool by_peer = sock >= 0 && PeerClosedSocket(sock);
+    auto& pair = ctx.getPair(i);
+    if (!by_peer && !(pair && !pair->isConnected())) continue;
+    const int64_t ago = by_peer ? SocketSilenceMs(sock) : -1;
+    closed.push_back({i, ago});
+    first = std::max(first, ago);
+  }
+  std::vector<int> out;
+  std::vector<int> later;
+  for (const auto& c : closed) {
+    if (c.ago_ms < 0 || c.ago_ms + kRevokeLag.count() >= first) {
+      out.push_back(c.member);
+    } else {
+      later.push_back(c.member);
+    }
+  }
+  if (!later.empty()) {
+    std::vector<int> ranks;
+    for (int i : later) ranks.push_back(i < static_cast<int>(e.ranks.size()) ? e.ranks[i] : i);
+    HVD_LOG(kDebug) << "Gloo: rank(s) " << JoinInts(ranks) << " of " << e.what
+                    << " closed their connections more than " << kRevokeLag.count()
+                    << " ms after the first (survivors ending their waits); not taken for lost";
+  }
+  return out;
 }
 
 std::string GlooWatch::AbortMessage(const Entry& e) const {
@@ -253,10 +290,25 @@ void GlooWatch::Loop() {
     if (stop_) break;
     const auto now = std::chrono::steady_clock::now();
     Listen();
-    std::vector<std::pair<std::shared_ptr<gloo::Context>, std::string>> to_abort;
+    struct Revoke {
+      std::shared_ptr<gloo::Context> ctx;
+      std::string why;
+      std::vector<int> socks;
+    };
+    std::vector<Revoke> to_abort;
+    std::vector<int> to_end;
+    for (auto it = closing_.begin(); it != closing_.end();) {
+      if (it->at > now) {
+        ++it;
+        continue;
+      }
+      to_end.insert(to_end.end(), it->socks.begin(), it->socks.end());
+      it = closing_.erase(it);
+    }
     for (auto it = entries_.begin(); it != entries_.end();) {
       std::shared_ptr<gloo::Context> ctx = it->ctx.lock();
       if (!ctx) {
+        Release(&*it);
         it = entries_.erase(it);
         continue;
       }
@@ -264,17 +316,21 @@ void GlooWatch::Loop() {
         Look(&*it, *ctx);
         if (it->doomed && now >= it->abort_at) {
           it->aborted = true;
-          to_abort.emplace_back(ctx, AbortMessage(*it));
+          to_abort.push_back({ctx, AbortMessage(*it), std::move(it->socks)});
+          it->socks.clear();
         }
       }
       ++it;
     }
-    if (to_abort.empty()) continue;
+    if (to_abort.empty() && to_end.empty()) continue;
     lock.unlock();
-    for (auto& [ctx, why] : to_abort) {
-      HVD_LOG(kDebug) << "Gloo: " << why;
-      Abort(*ctx, why);
+    for (auto& r : to_abort) {
+      HVD_LOG(kDebug) << "Gloo: " << r.why;
+      Abort(*r.ctx, r.why);
+      // Gloo closed its sockets; the connections end with ours.
+      for (int fd : r.socks) EndConnection(fd);
     }
+    for (int fd : to_end) EndConnection(fd);
     to_abort.clear();  // the contexts' last references may go here, outside mu_
     lock.lock();
   }

@@ -1,19 +1,25 @@
 """Collectives on the Gloo controller, checked against values computed from rank and size.
 
-    hvdcompatrun --gloo -np N python collectives.py [ok|kill]
-    python -m torch.distributed.run --nproc_per_node=N collectives.py [ok|kill]
+    hvdcompatrun --gloo -np N python collectives.py [ok|kill|kill-stopped]
+    python -m torch.distributed.run --nproc_per_node=N collectives.py [ok|kill|kill-stopped]
 
 Prints "gloo_collectives rank R of N ok" on success. With "kill", rank 1
-kills itself mid-training and the others print "survivor R: <error>".
+kills itself mid-training and the others print "survivor R: <error>". With
+"kill-stopped" the last rank kills itself instead, just after stopping rank 1
+(SIGSTOP) for STOP_SECONDS, longer than the survivors' grace before they end
+their waits (and close their connections): rank 1 finds the loss late.
 """
 
 import os
 import signal
+import subprocess
 import sys
 
 import torch
 
 import hvdcompat as hvd
+
+STOP_SECONDS = 2.5
 
 
 def env_int(*names):
@@ -31,9 +37,15 @@ def main(mode):
     assert hvd.local_size() == env_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
     assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)  # every rank on this machine
     assert hvd.gloo_enabled() and not hvd.mpi_enabled() and hvd.gloo_built()
-    if mode == "kill":
+    if mode in ("kill", "kill-stopped"):
+        victim = 1 if mode == "kill" else n - 1
+        pids = hvd.allgather(torch.tensor([os.getpid()]), name="pids").tolist()
         for step in range(1000):
-            if r == 1 and step == 3:
+            if r == victim and step == 3:
+                if mode == "kill-stopped":
+                    os.kill(pids[1], signal.SIGSTOP)
+                    subprocess.Popen(["sh", "-c", f"sleep {STOP_SECONDS}; kill -CONT {pids[1]}"],
+                                     start_new_session=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             try:
                 hvd.allreduce(torch.ones(4), name=f"step{step % 4}")
