@@ -26,6 +26,12 @@ new workers that join at the next commit while the running ones keep going
 committing every 0.2 s, until the hosts change (so a discovery script, or a
 test, can change them at a known point of training); rank 0 writes
 ``hold-EPOCH.BATCH`` in ``--hold-dir`` when it starts waiting.
+
+``--stop-ranks RANK:SECONDS,...`` (with ``--inject-failure``, on one machine):
+just before it dies, the failing rank stops those ranks' processes (SIGSTOP)
+for that long, as a machine under load or a debugger holds a process, so they
+notice the loss late (or reach the reset after the others decided the new
+world; they join again at a later commit).
 """
 
 import argparse
@@ -33,6 +39,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 
@@ -105,6 +112,9 @@ def parse_args():
     p.add_argument("--remove-host", default="", metavar="EPOCH:BATCH:HOST",
                    help="rank 0 announces HOST as removed before batch BATCH of epoch EPOCH, as "
                         "hvdcompatrun's --host-discovery-script loop does when a host disappears")
+    p.add_argument("--stop-ranks", default="", metavar="RANK:SECONDS,...",
+                   help="the rank that fails by --inject-failure first stops these ranks' "
+                        "processes (their ranks at the start) for SECONDS each (one machine)")
     p.add_argument("--report-dir", default="",
                    help="also write one JSON report per rank here (for tests)")
     return p.parse_args()
@@ -143,6 +153,9 @@ def main():
         shared = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvd-elastic-")
                                       if hvd.rank() == 0 else None, name="elastic.example.dir")
     failures = [f.split(":") for f in args.inject_failure.split(",") if f]
+    stops = [s.split(":") for s in args.stop_ranks.split(",") if s]
+    with open(os.path.join(shared, f"pid.{first_rank}"), "w") as f:
+        f.write(str(os.getpid()))
     timing = {"detected": None, "resumed": None, "grown": None}
     holds = {tuple(map(int, h.split(":"))) for h in args.hold_at.split(",") if h}
 
@@ -153,6 +166,12 @@ def main():
         if not matching:
             return
         failure = matching[0]
+        for rank, seconds in stops:  # held now, let go after SECONDS by a process of their own
+            with open(os.path.join(shared, f"pid.{rank}")) as f:
+                pid = int(f.read())
+            os.kill(pid, signal.SIGSTOP)
+            subprocess.Popen(["sh", "-c", f"sleep {float(seconds)}; kill -CONT {pid}"],
+                             start_new_session=True)
         with open(os.path.join(shared, f"death.{first_rank}"), "w") as f:
             f.write(repr(time.time()))
         if failure[3] == "sigkill":
@@ -200,7 +219,8 @@ def main():
         now = time.time()
         if timing["detected"] is not None and timing["resumed"] is None:
             timing["resumed"] = now
-            deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)]
+            deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)
+                      if f.startswith("death.")]
             if deaths and hvd.rank() == 0:
                 print(f"recovery from the death to training resumed {now - min(deaths):.2f} s "
                       f"(now {hvd.size()} ranks)", flush=True)
@@ -260,7 +280,8 @@ def main():
 
     train(state)
     final = checksum()
-    deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)]
+    deaths = [float(open(os.path.join(shared, f)).read()) for f in os.listdir(shared)
+              if f.startswith("death.")]
     recovery = (timing["resumed"] - min(deaths)) if deaths and timing["resumed"] else None
     print(f"rank {first_rank} -> {hvd.rank()} of {hvd.size()}: done, model checksum "
           f"{final:.10e}" + (f", recovery from the death to training resumed {recovery:.2f} s"

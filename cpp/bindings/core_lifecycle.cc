@@ -106,7 +106,10 @@ void CoreInit(InitOptions opts) {
   opts.continue_timeline = core.started_before;
   // Note [Growing in place on Gloo] (engine/gloo_reset.h): a worker added to a
   // running elastic job waits to be taken in at its next reset.
-  if (opts.controller == "gloo" && !opts.gloo.join.empty()) AwaitGlooJoin(&opts);
+  if (opts.controller == "gloo") {
+    opts.gloo.worker = opts.gloo.join.empty() ? std::to_string(opts.gloo.rank) : opts.gloo.join;
+    if (!opts.gloo.join.empty()) AwaitGlooJoin(&opts);
+  }
   auto rt = std::make_shared<Runtime>(opts);
   core.started_before = true;
   std::lock_guard<std::mutex> lock(core.mu);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/common.h"
+#include "core/env.h"
 #include "core/logging.h"
 #include "engine/elastic_reset.h"
 
@@ -164,11 +165,29 @@ GlooResetResult RebuildGlooFromSurvivors(const std::shared_ptr<Runtime>& old) {
   }
   const auto me = std::find(result.survivors.begin(), result.survivors.end(), old_rank);
   if (me == result.survivors.end()) {
-    throw LibraryError("elastic reset on the Gloo controller: old rank " +
-                       std::to_string(old_rank) + " reached the reset after the survivors (old "
-                       "ranks " + JoinInts(result.survivors) + ") had agreed on the new world "
-                       "without it (it came more than " + std::to_string(timeout.count() / 1000) +
-                       " s late, HOROVOD_GLOO_TIMEOUT_SECONDS); this rank leaves the job.");
+    const std::string late =
+        "elastic reset on the Gloo controller: old rank " + std::to_string(old_rank) +
+        " reached the reset after the others (old ranks " + JoinInts(result.survivors) +
+        ") had agreed on the new world without it (it came more than " +
+        std::to_string(timeout.count() / 1000) + " s after the first, "
+        "HOROVOD_GLOO_TIMEOUT_SECONDS, or they had taken it for lost)";
+    // Step 4: a live rank is not dropped while a launcher takes workers in.
+    if (KnobString(Knob::kElasticDir).empty() || gloo.worker.empty()) {
+      throw LibraryError(late + "; this rank leaves the job (only hvdcompatrun --gloo's "
+                         "elastic launch takes a late rank back in).");
+    }
+    HVD_LOG(kWarning) << late << "; it joins the job again at the job's next commit";
+    InitOptions again;
+    again.controller = "gloo";
+    again.dynamic_process_sets = opts.dynamic_process_sets;
+    again.continue_timeline = true;
+    again.gloo = gloo;
+    again.gloo.join = gloo.worker;
+    AwaitGlooJoin(&again, "old rank " + std::to_string(old_rank) + " (worker " + gloo.worker +
+                              "), which came late to the job's elastic reset");
+    result.survivors.clear();
+    result.runtime = std::make_shared<Runtime>(again);
+    return result;
   }
   gloo.key_prefix = prefix;
   gloo.rank = static_cast<int>(me - result.survivors.begin());
@@ -205,11 +224,12 @@ void LeaveGlooJob(Runtime& rt) {
   }
 }
 
-void AwaitGlooJoin(InitOptions* opts) {
+void AwaitGlooJoin(InitOptions* opts, const std::string& who_text) {
   GlooOptions& gloo = opts->gloo;
   KeyValueStore& kv = *gloo.store;
-  const std::string who = "hvd.init on worker " + gloo.join + ", which joins a running elastic "
-                          "job";
+  const std::string who = !who_text.empty() ? who_text
+                                            : "hvd.init on worker " + gloo.join +
+                                                  ", which joins a running elastic job";
   int64_t index = -1;
   try {
     index = kv.Add("grow/count", 1) - 1;

@@ -28,13 +28,24 @@ namespace hvdcompat {
 //     the old ranks whose alive key is there, ascending (so the oldest
 //     survivor becomes rank 0 and relative order is kept, as
 //     MPIX_Comm_shrink does). A rank its watch missed costs one timeout;
-//     one that was wrongly thought lost is still in the world when it
-//     arrived in time.
+//     one it found lost that has arrived by then is in the world too (it is
+//     alive). The watch's finding only spares the wait for the dead (Note
+//     [Who closed first] makes it right; step 4 makes a wrong one harmless).
 //  3. Every survivor reads "world" and, when it is in it, joins a new Gloo
 //     job of that size under the new prefix (join/, mesh/ keys as at init;
 //     local and cross ranks from the host names) with the process sets'
-//     surviving members (same ids). A rank that arrived after the decision
-//     is not in the world: its reset fails and it leaves the job.
+//     surviving members (same ids).
+//  4. A rank that arrived after the decision (stopped or starved for longer
+//     than the Gloo timeout, or found lost by the decider and later than
+//     the others) is alive and is not dropped: under hvdcompatrun --gloo
+//     (HVDCOMPAT_ELASTIC_DIR set) it waits to be taken in as a worker on an
+//     added host does (Note [Growing in place on Gloo], under its worker
+//     name), hvdcompatrun sees it wait and tells rank 0, and the job's next
+//     commit takes it back; the state is synced to it from rank 0. Without
+//     that launcher nothing would tell the job, so its reset fails there and
+//     it leaves the job. A short wait for the ranks found lost at step 2 was
+//     the other way: every reset after a real death (the common case) would
+//     pay it, and a rank later than the wait would still need step 4.
 // Without a lost rank the world keeps its size (a reset after
 // HostsUpdatedInterrupt with only removed hosts' ranks gone takes the same
 // path: they have left by then). Workers waiting to join are taken in at
@@ -79,7 +90,8 @@ GlooResetResult RebuildGlooFromSurvivors(const std::shared_ptr<Runtime>& old);
 // running job takes this worker in, then fills `opts` (the Gloo rank, size,
 // key prefix and generation; the process sets) for the new world's Runtime.
 // Throws LibraryError when the store stops answering.
-void AwaitGlooJoin(InitOptions* opts);
+// `who` names the process in messages (default: a worker on an added host).
+void AwaitGlooJoin(InitOptions* opts, const std::string& who = std::string());
 
 // A rank that leaves the job at the next reset (its host was removed) stops
 // its runtime as the survivors stop theirs (step 1), writes its settled key

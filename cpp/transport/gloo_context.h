@@ -55,6 +55,10 @@ struct GlooOptions {
   // Not empty: this worker joins a running elastic job (its name for the
   // launcher; Note [Growing in place on Gloo], engine/gloo_reset.h).
   std::string join;
+  // This process's name for the launcher: its join name, else its rank at
+  // its first hvd.init() (hvdcompatrun --gloo numbers its workers so). Set by
+  // init; an elastic reset keeps it.
+  std::string worker;
 };
 
 // Returns what a gloo/std exception says, prefixed by `what`, as a

@@ -137,6 +137,33 @@ def test_an_added_host_gets_workers_that_rank_0_hears_of_once_they_all_wait(tmp_
     assert "host b: 2 new worker(s) ready after" in log, log
 
 
+def test_a_running_worker_late_to_a_reset_is_taken_back_at_the_next_commit(tmp_path,
+                                                                            monkeypatch):
+    driver, pool, starter, store, out = _driver(
+        tmp_path, monkeypatch, ["--host-discovery-script", "x", "--min-np", "1", "--max-np", "4"],
+        ["a", "a", "b"])
+    with driver:
+        # Worker 2's hvd.elastic.run found itself left out of the new world and waits in
+        # the store under its number (step 4 of Note [Elastic reset on Gloo]).
+        store.register("2", "b")
+        _look(driver)
+        assert [(w.number, w.joining) for w in pool.workers] == [(0, False), (1, False),
+                                                                 (2, True)]
+        assert _notices(driver) == [["2", "-"]]  # rank 0 hears of it: its next commit resets
+        assert len(pool.workers) == 3 and pool.stopped == []  # the same process, not a new one
+        store.add("grow/taken", 1)
+        _look(driver)
+        assert not any(w.joining for w in pool.workers) and pool.stopped == []
+        # A joining worker's registration is not taken for a late one.
+        driver.poll([Host("a", 2), Host("b", 1), Host("c", 1)])
+        assert [(w.number, w.host, w.joining) for w in pool.workers[3:]] == [(3, "c", True)]
+        store.register("3", "c")
+        _look(driver)
+        assert "worker 3" not in out.getvalue()
+    assert "worker 2 on host b reached an elastic reset after the others had agreed on the " \
+           "new world without it; the job takes it back in at its next commit" in out.getvalue()
+
+
 def test_a_removed_host_leaves_at_the_commit_and_its_waiting_workers_are_stopped(tmp_path,
                                                                                 monkeypatch):
     driver, pool, starter, store, out = _driver(

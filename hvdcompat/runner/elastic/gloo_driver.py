@@ -19,6 +19,10 @@ starts new ones:
 - a host that discovery removes: its running workers leave at the next
   commit (as on MPI), its workers still waiting to join are stopped; no
   host gets new workers while workers of its own are still running there;
+- a running worker that reached a reset after the others had decided the
+  new world without it waits in the store as a new worker does (step 4 of
+  Note [Elastic reset on Gloo]): rank 0 is told at once, and the next
+  commit takes it back in;
 - when no worker of the job is left, workers still waiting are stopped.
 """
 
@@ -230,6 +234,7 @@ class GlooElasticDriver(ElasticDriver):
                 break  # counted, not yet written: next look
             self._registered[name] = self._seen
             self._seen += 1
+            self._take_back(name)
         taken = self._store.add("grow/taken", 0)
         while self._taken < min(taken, self._seen):
             name = self._entry(self._taken)
@@ -237,6 +242,20 @@ class GlooElasticDriver(ElasticDriver):
             if worker is not None:
                 worker.joining = False
             self._taken += 1
+
+    def _take_back(self, name):
+        """A running worker of the job that waits in the store came late to a reset: rank 0
+        is told, so that the next commit takes it back in."""
+        late = [w for w in self._pool.running() if str(w.number) == name and not w.joining]
+        if not late:
+            return  # a worker started to join (or one that ended meanwhile)
+        worker = late[0]
+        worker.joining = True
+        self._joining[name] = worker
+        self.notice([], [worker.host])
+        self._log(f"worker {name} on host {worker.host} reached an elastic reset after the "
+                  "others had agreed on the new world without it; the job takes it back in "
+                  "at its next commit")
 
     def _withdraw_waiting(self):
         """Stops the workers of removed hosts that wait to join; a reset must not take them."""
