@@ -78,6 +78,22 @@ def test_the_final_world_mark_names_the_launch_rank(launcher, tmp_path, monkeypa
     assert (tmp_path / "final.5").read_text() == "1 2\n"
 
 
+@pytest.mark.parametrize("env, key", [({"HOROVOD_RANK": "4"}, 4),
+                                      ({"HVDCOMPAT_ELASTIC_JOIN": "6"}, 6)])
+def test_under_hvdcompatrun_gloo_the_mark_and_the_supervisor_share_the_worker_number(
+        env, key, tmp_path, monkeypatch):
+    # No MPI rank there: a worker started with the job has HOROVOD_RANK, an added one its
+    # join name. The driver pairs final.N with the supervisor's exit.N.
+    for name in mpi_world.RANK + ("HOROVOD_RANK", "HVDCOMPAT_ELASTIC_JOIN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(basics, "_core", _FakeCore(str(tmp_path)))
+    basics._mark_final_world()
+    assert (tmp_path / f"final.{key}").read_text() == "1 2\n"
+    assert rank_supervisor._rank() == key
+
+
 def test_the_supervisor_as_a_script_reads_the_same_list(tmp_path):
     """Run as mpirun runs it (a script, the package not imported): HOROVOD_RANK and the exit report."""
     env = {k: v for k, v in os.environ.items() if k not in mpi_world.LAUNCH_VARIABLES
