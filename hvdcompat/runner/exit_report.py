@@ -66,6 +66,7 @@ class OutputRelay:
         self.lost_ranks = set()
         self.lost_reporters = set()  # ranks whose engine reported a loss (a consequence)
         self.lost_named_by = {}      # host -> ranks whose engine reported it lost
+        self._engine_lost = {}       # host -> the ranks on it an engine reported lost
         self.mpi_aborted = set()  # ranks MPI itself aborted on an error
         self.line_open = {}  # fd -> whether its output ends inside a line
         self._lock = threading.Lock()
@@ -149,8 +150,12 @@ class OutputRelay:
                     for h in report.get("hosts") or []:
                         if isinstance(h, str):
                             self.lost_named_by.setdefault(h, set()).add(by)
-                self._record_lost([(None, h, report.get("ranks") or [])
-                                   for h in report.get("hosts") or [] if isinstance(h, str)])
+                ranks, hosts = report.get("ranks") or [], report.get("hosts") or []
+                if len(ranks) == len(hosts):  # the host of each lost rank
+                    self._record_lost([(None, h, [r]) for r, h in zip(ranks, hosts)
+                                       if isinstance(h, str)])
+                else:
+                    self._record_lost([(None, h, ranks) for h in hosts if isinstance(h, str)])
             else:
                 self.reports.append(report)
 
@@ -190,7 +195,10 @@ class OutputRelay:
         for namespace, host, ranks in found:
             if (namespace, host) not in self._lost:
                 self._lost.append((namespace, host))
-            self.lost_ranks.update(r for r in ranks if isinstance(r, int))
+            ranks = {r for r in ranks if isinstance(r, int)}
+            self.lost_ranks.update(ranks)
+            if namespace is None:
+                self._engine_lost.setdefault(host, set()).update(ranks)
 
     def survivors_done(self, np_ranks, placement=None, lost_hosts=None):
         """Whether every rank not on a lost host has ended (the rest cannot be reached).
@@ -201,15 +209,23 @@ class OutputRelay:
         reported).
         """
         with self._lock:
+            ended = {r.get("rank") for r in self.reports}
             # The ranks reported lost count too, unless the hosts are given: then those
             # hosts' ranks alone (a partitioned job's far side reports the near one lost).
-            lost = set(self.lost_ranks) if lost_hosts is None else set()
-            lost_hosts = self._lost_hosts() if lost_hosts is None else list(lost_hosts)
+            if lost_hosts is None:
+                lost = self.lost_ranks - ended
+                # A host only engines named, for ranks that have since ended, is not lost:
+                # under ULFM a survivor that exits is a failed process to the others
+                # (its supervisor's report shows it ended, through its host's daemon).
+                by_open_mpi = {host for ns, host in self._lost if ns is not None}
+                lost_hosts = [h for h in self._lost_hosts()
+                              if h in by_open_mpi or not self._engine_lost.get(h, set()) <= ended]
+            else:
+                lost, lost_hosts = set(), list(lost_hosts)
             if not lost_hosts or np_ranks <= 0:
                 return False
             for host in lost_hosts:
                 lost.update((placement or {}).get(host, ()))
-            ended = {r.get("rank") for r in self.reports}
             return lost != set(range(np_ranks)) and set(range(np_ranks)) <= lost | ended
 
 

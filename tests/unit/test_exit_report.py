@@ -331,3 +331,20 @@ def test_the_gloo_launch_names_the_host_its_own_ranks_lost():
                               relay, specs)
     assert code == 137 and line.startswith(
         "hvdcompatrun: rank 3 on host n2 was killed by signal 9 (SIGKILL)"), line
+
+
+def test_a_survivor_that_exits_first_is_not_taken_for_a_lost_host():
+    # Rank 1 saw rank 3 (on n2) and then rank 0 fail: rank 0 had finished and exited,
+    # which under ULFM is a failed process too. Once ranks 0 and 1 have ended, n1 is
+    # not lost (its supervisors reported), n2 is, and the job may end.
+    relay = _relay_with_reports([
+        {"kind": "lost", "rank": 0, "ranks": [3, 2], "hosts": ["n2", "n2"]},
+        {"kind": "lost", "rank": 1, "ranks": [3, 0], "hosts": ["n2", "n1"]}])
+    assert relay.lost_hosts == ["n2", "n1"]
+    assert not relay.survivors_done(4, _PLACEMENT)  # ranks 0 and 1 still run
+    relay.reports = [{"rank": 0, "status": 0}]
+    assert not relay.survivors_done(4, _PLACEMENT)  # rank 1 still runs
+    relay.reports.append({"rank": 1, "status": 0})
+    assert relay.survivors_done(4, _PLACEMENT)
+    assert relay.survivors_done(4)  # without the placement: the ranks the engines named
+    assert not relay.survivors_done(5)  # a rank nobody reported on

@@ -7,8 +7,8 @@ Environment:
     DRILL_HOSTNAME: the host whose ranks are lost.
     DRILL_OUT: directory for the reports (the launcher may stop forwarding
         output once the job has lost a process).
-    DRILL_SURVIVORS: how many survivors report; each waits (up to 30 s) for
-        the others' reports before it exits.
+    DRILL_SURVIVORS: how many survivors (ranks off DRILL_HOSTNAME) report;
+        each waits (up to 30 s) for the others' reports before it exits.
     DRILL_BUSY: seconds the lost host's ranks first spend away from
         collectives (alive, busy) while the others wait in one; they must not
         be taken for lost (default 0: no such phase).
@@ -16,7 +16,12 @@ Environment:
 Each rank writes $DRILL_OUT/ready-<rank> once it trained; a lost rank writes
 $DRILL_OUT/lost (wall-clock time) just before it dies. Survivors write
 ``SURVIVOR <rank> <wall time> <ExceptionType>: <message>`` and an ``AFTER``
-line (a later op fails too) to $DRILL_OUT/<rank>.
+line (a later op fails too) to $DRILL_OUT/<rank>. The ranks of a cut host go
+on too, cut off, and see the others lost: they write the same lines to
+$DRILL_OUT/far-<rank> and exit without waiting. (The test hosts share one
+file system, which real hosts would not: were their reports counted, a
+survivor could stop waiting and exit while another survivor was still
+finding out what was lost, and be reported lost itself.)
 """
 
 import os
@@ -58,7 +63,7 @@ if victim and drill in ("exit", "kill"):
     os.kill(os.getpid(), signal.SIGKILL)
 if drill in ("exit", "kill"):
     hvd.allreduce(torch.ones(1), name="all.ready")
-out = open(os.path.join(out_dir, str(rank)), "w", buffering=1)
+out = open(os.path.join(out_dir, f"far-{rank}" if victim else str(rank)), "w", buffering=1)
 start = time.monotonic()
 try:
     while time.monotonic() - start < 150:
@@ -76,7 +81,7 @@ out.close()
 # A survivor that exits is a failed process to the others (no MPI_Finalize under
 # ULFM): wait (bounded) until every survivor has reported, so that none of them
 # is told of a survivor's exit in place of the lost host.
-survivors = int(os.environ.get("DRILL_SURVIVORS", "0"))
+survivors = 0 if victim else int(os.environ.get("DRILL_SURVIVORS", "0"))
 deadline = time.monotonic() + 30
 
 
