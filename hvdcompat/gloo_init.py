@@ -29,6 +29,7 @@ class _GlooProcess:
         self.inits = 0      # Gloo inits so far: each uses fresh keys in the store
         self.server = None  # the store rank 0 serves when no launcher agent does
         self.joined = False  # the first init joined a running elastic job
+        self.client = None   # the last store client, reused by the next init (below)
 
 
 _process = _GlooProcess()
@@ -65,8 +66,26 @@ def engine_spans_launch(core, environ):
                    "hvdcompatrun --gloo), so hvdcompat's engine cannot span the ranks")
 
 
+# Note [One store connection per process]: every hvd.init() on the Gloo
+# controller (after hvd.shutdown(), or an elastic reset's re-init) used to
+# connect to the store anew. torch's client looks up the name of the address
+# it connected to (for its messages), and where reverse DNS does not answer,
+# that lookup waits for the resolver's timeout: 5 s on some inits of 50 in a
+# row on a machine without a DNS server. The connection is kept instead and
+# the next init's client shares it under its own key prefix, unless an
+# operation on it failed (a connection that timed out may be out of step).
 def _open_store(launch, prefix, process):
     """The store client for `launch` (see Note [Store seam] in hvdcompat/store.py)."""
+    last = process.client
+    if last is not None and not last.failed and (last.host, last.port) == (
+            str(launch.store_host), int(launch.store_port)):
+        process.client = last.with_prefix(prefix)
+        return process.client
+    process.client = _connect_store(launch, prefix, process)
+    return process.client
+
+
+def _connect_store(launch, prefix, process):
     if launch.agent_store:
         return _store.TCPStoreClient(launch.store_host, launch.store_port, prefix=prefix,
                                      timeout_s=launch.timeout_s, source=launch.store_source)

@@ -97,6 +97,7 @@ class TCPStoreClient:
         self.port = _check_port(port, source)
         self.timeout_s = _check_timeout(timeout_s)
         self.prefix = key_prefix() if prefix is None else str(prefix)
+        self.failed = False
         deadline = time.monotonic() + self.timeout_s
         self._wait_until_listening(deadline)
         self._store = self._handshake(TCPStore, deadline)
@@ -176,8 +177,14 @@ class TCPStoreClient:
         self.host, self.port, self.source = str(host), int(port), source
         self.timeout_s = _check_timeout(timeout_s)
         self.prefix = key_prefix() if prefix is None else str(prefix)
+        self.failed = False
         self._store = store
         return self
+
+    def with_prefix(self, prefix):
+        """A client with another key prefix over this one's connection."""
+        return TCPStoreClient.over(self._store, self.host, self.port, prefix=prefix,
+                                   timeout_s=self.timeout_s, source=self.source)
 
     @property
     def address(self):
@@ -229,6 +236,7 @@ class TCPStoreClient:
             raise self._error(f"wait({keys!r})", e, waited=seconds) from None
 
     def _error(self, call, e, waited=None):
+        self.failed = True  # the connection may be out of step: not to be reused
         if waited is not None and _is_timeout(e):
             return StoreError(
                 f"rendezvous store {self.address} ({self.source}): {call} timed out after "

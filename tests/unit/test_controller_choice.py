@@ -244,6 +244,45 @@ def test_without_torchruns_agent_rank_0_serves_the_store_and_torch_joins_it(monk
     assert processes[0].server.get("from torch") == b"1"
 
 
+def test_later_inits_share_the_store_connection_until_it_fails():
+    # Note [One store connection per process] (hvdcompat/gloo_init.py).
+    server, port = serve("127.0.0.1", 0, 10)
+    envs = [{**TORCHRUN, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+             "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port),
+             "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"} for r in (0, 1)]
+    processes = [gloo_init._GlooProcess(), gloo_init._GlooProcess()]
+
+    def inits():
+        results = [None, None]
+
+        def run(i):
+            try:
+                results[i] = gloo_init.prepare(_Core(True), envs[i], processes[i])
+            except Exception as e:  # noqa: BLE001 - checked below
+                results[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(isinstance(r, dict) for r in results), results
+        return [r["store"] for r in results]
+
+    first, second = inits(), inits()
+    for a, b in zip(first, second):
+        assert b._store is a._store and b.prefix != a.prefix
+    second[0].set("k", b"0")  # the new prefix's keys, on the shared connection
+    assert second[1].get("k") == b"0"
+    with pytest.raises(StoreError, match="timed out"):
+        second[0].wait(["never set"], 0.2)
+    third = inits()
+    assert third[0]._store is not first[0]._store  # a connection that failed is not reused
+    assert third[1]._store is first[1]._store
+    del server
+
+
 def test_the_interface_is_horovods_else_torchs_gloo_socket_ifname():
     launch = rendezvous.gloo_launch({**TORCHRUN, "GLOO_SOCKET_IFNAME": "eth2,eth3"})
     assert launch.iface == "eth2"
