@@ -115,7 +115,7 @@ const std::vector<KnobSpec>& AllKnobs() {
       {Knob::kNetwork16BitWire, "NETWORK_16BIT_WIRE", false, "1", "bool",
        "Network plan (either controller): float16/bfloat16 cross hosts as 16 bits, each "
        "reduction step rounding (as Horovod); 0 widens them to float32 on the link (one "
-       "rounding, twice the bytes). Set alike on every rank."},
+       "rounding, twice the bytes)."},
       {Knob::kGlooSegmentBytes, "GLOO_SEGMENT_BYTES", false, "1048576", "bytes",
        "Gloo controller: the host allreduce's ring moves segments of at most this size."},
       {Knob::kGlooPipelineDepth, "GLOO_PIPELINE_DEPTH", false, "4", "segments",

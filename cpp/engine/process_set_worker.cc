@@ -9,6 +9,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "engine/plan_agreement.h"
 #include "negotiation/fusion.h"
 #include "ops/gpu_backends.h"
 #include "core/logging.h"
@@ -106,8 +107,10 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
       timeline_sink_(timeline, id),
       poller_(config.poll_spin_micros, config.poll_max_sleep_micros, &abort_),
       transport_(MakeTransport(comm, mpi_ops, &poller_)),
-      controller_(transport_.get(), static_cast<size_t>(config.cache_capacity), global_ranks_, id,
-                  stats),
+      plan_warning_(AgreeOnPlanKnobs(transport_.get(), &config_, id, global_ranks_)),
+      start_config_(config_),
+      controller_(transport_.get(), static_cast<size_t>(config_.cache_capacity), global_ranks_,
+                  id, stats),
       stall_(DupOrNull(comm.mpi, comm.mpi != MPI_COMM_NULL && (config.stall_check_seconds > 0 ||
                                                                config.stall_shutdown_seconds > 0)),
              transport_->rank(), global_ranks_, id,

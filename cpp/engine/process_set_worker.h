@@ -67,6 +67,9 @@ class ProcessSetWorker {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
+  // The configuration the worker started with, after the plan knobs' agreement
+  // (Note [Plan knobs from set rank 0]); tuning does not change it.
+  const Config& start_config() const { return start_config_; }
 
   // Hands an op to the worker; its handle completes later. Its name must be
   // unique among the set's pending ops (the handle table holds it until the
@@ -149,6 +152,10 @@ class ProcessSetWorker {
   Poller poller_;
   std::unique_ptr<ControlTransport> transport_;
   MpiTransport* mpi_transport_ = nullptr;  // transport_, on MPI
+  // Set rank 0's plan knobs, taken into config_ before anything uses them
+  // (Note [Plan knobs from set rank 0]); the warning's text, or "".
+  std::string plan_warning_;
+  Config start_config_;
   Controller controller_;
   StallInspector stall_;
   std::vector<std::unique_ptr<CollectiveBackend>> backends_;

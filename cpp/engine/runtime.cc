@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/logging.h"
+#include "engine/plan_agreement.h"
 #include "transport/mpi_comm_agreement.h"
 
 namespace hvdcompat {
@@ -85,6 +86,8 @@ Runtime::Runtime(const InitOptions& options)
     workers_[0] = std::make_shared<ProcessSetWorker>(0, std::move(comm), all, config_, &handles_,
                                                      mpi_ ? &mpi_->ops() : nullptr, &stats_,
                                                      &timeline_, gpu_.get());
+    // Sets registered later start from the global set's agreed plan knobs.
+    CopyPlanKnobs(workers_[0]->start_config(), &config_);
   }
   std::lock_guard<std::mutex> control(control_mu_);
   for (size_t i = 0; i < sets.size(); ++i) {

@@ -22,10 +22,9 @@
 // so fp16 compression halves the bytes on the link as it does on MPI;
 // HVDCOMPAT_NETWORK_16BIT_WIRE=0 keeps the float32 wire. Hosts are the node
 // labels of the hierarchical steps (host names, or pseudo-nodes of
-// HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE ranks), the same on every rank. The two
-// knobs must be set alike on every rank (hvdcompatrun forwards them): unlike
-// the MPI controller, which takes rank 0's values, the Gloo controller does
-// not exchange them, and ranks that disagree reduce different element sizes.
+// HVDCOMPAT_HIERARCHICAL_LOCAL_SIZE ranks), the same on every rank. Both
+// knobs hold set rank 0's values on every rank (Note [Plan knobs from set
+// rank 0], engine/plan_agreement.h), as on the MPI controller.
 #pragma once
 
 #include <chrono>

@@ -66,31 +66,15 @@ struct NetworkAllreduce::Slot {
 std::unique_ptr<NetworkAllreduce> NetworkAllreduce::Create(MPI_Comm comm, const MpiOps* ops,
                                                            const Config& config,
                                                            EngineStats* stats) {
-  // Rank 0's plan, segment size, depth and 16-bit wire hold for the whole
-  // set: the pipeline's call sequence and types must be the same on every rank.
-  int64_t chosen[4] = {PlanOf(config.link_plan), config.network_segment_bytes,
-                       config.network_pipeline_depth, config.network_16bit_wire ? 1 : 0};
-  const int64_t mine[4] = {chosen[0], chosen[1], chosen[2], chosen[3]};
-  HVD_MPI_CHECK(comm, MPI_Bcast(chosen, 4, MPI_INT64_T, 0, comm));
+  // The plan, segment size, depth and 16-bit wire are set rank 0's on every
+  // rank already (Note [Plan knobs from set rank 0], engine/plan_agreement.h):
+  // the pipeline's call sequence and types are the same on every rank.
+  const int64_t kind = PlanOf(config.link_plan);
+  if (kind == kPlanHost) return nullptr;
   int rank = 0;
   HVD_MPI_CHECK(comm, MPI_Comm_rank(comm, &rank));
-  if (!std::equal(mine, mine + 4, chosen)) {
-    HVD_LOG(kWarning) << "rank " << rank << ": HVDCOMPAT_LINK_PLAN, "
-                      << "HVDCOMPAT_NETWORK_SEGMENT_BYTES, HVDCOMPAT_NETWORK_PIPELINE_DEPTH or "
-                      << "HVDCOMPAT_NETWORK_16BIT_WIRE differ from rank 0's; using rank 0's "
-                      << "values (plan "
-                      << (chosen[0] == kPlanHost ? "host" : chosen[0] == kPlanNetwork ? "network"
-                                                                                      : "auto")
-                      << ", segments " << chosen[1] << " bytes, depth " << chosen[2]
-                      << ", 16-bit wire " << chosen[3] << "); set them alike on every rank";
-  }
-  if (chosen[0] == kPlanHost) return nullptr;
-  Config agreed = config;
-  agreed.network_segment_bytes = chosen[1];
-  agreed.network_pipeline_depth = chosen[2];
-  agreed.network_16bit_wire = chosen[3] != 0;
-  std::unique_ptr<NetworkAllreduce> plan(new NetworkAllreduce(comm, ops, agreed, stats));
-  if (chosen[0] == kPlanAuto && plan->hosts_ < 2) return nullptr;
+  std::unique_ptr<NetworkAllreduce> plan(new NetworkAllreduce(comm, ops, config, stats));
+  if (kind == kPlanAuto && plan->hosts_ < 2) return nullptr;
   if (rank == 0) {
     HVD_LOG(kInfo) << "host allreduce: " << plan->Describe();
   }
