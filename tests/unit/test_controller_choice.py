@@ -109,19 +109,23 @@ def test_gloo_asked_for_without_a_store_says_how_to_launch():
         gloo_init.prepare(_Core(True), {"HOROVOD_CONTROLLER": "gloo"})
 
 
-def _ranks(port, environs):
-    """Runs prepare() for each environment at once (one thread per rank)."""
+def _ranks(port, environs, processes=None, stagger=0.0):
+    """Runs prepare() for each environment at once (one thread per rank), with fresh
+    per-process state unless `processes` is given; each thread starts `stagger` s after
+    the one before."""
+    processes = processes or [gloo_init._GlooProcess() for _ in environs]
     results = [None] * len(environs)
 
     def run(i):
         try:
-            results[i] = gloo_init.prepare(_Core(True), environs[i], gloo_init._GlooProcess())
+            results[i] = gloo_init.prepare(_Core(True), environs[i], processes[i])
         except Exception as e:  # noqa: BLE001 - compared below
             results[i] = e
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(environs))]
     for t in threads:
         t.start()
+        time.sleep(stagger)
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads)
@@ -219,20 +223,8 @@ def test_without_torchruns_agent_rank_0_serves_the_store_and_torch_joins_it(monk
     envs = [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"} for r in (0, 1)]
     processes = [gloo_init._GlooProcess(), gloo_init._GlooProcess()]
-    results = [None, None]
-
-    def run(i):
-        try:
-            results[i] = gloo_init.prepare(_Core(True), envs[i], processes[i])
-        except Exception as e:  # noqa: BLE001 - checked below
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    threads[0].start()
-    time.sleep(0.5)  # rank 0 binds MASTER_PORT first, as it would start its server
-    threads[1].start()
-    for t in threads:
-        t.join(60)
+    # Rank 0 binds MASTER_PORT first, as it would start its server.
+    results = _ranks(port, envs, processes, stagger=0.5)
     assert all(isinstance(r, dict) for r in results), results
     assert processes[0].server is not None and processes[1].server is None
     # A later init_process_group connects as a client to rank 0's server, not binding the port.
@@ -254,19 +246,7 @@ def test_later_inits_share_the_store_connection_until_it_fails():
     processes = [gloo_init._GlooProcess(), gloo_init._GlooProcess()]
 
     def inits():
-        results = [None, None]
-
-        def run(i):
-            try:
-                results[i] = gloo_init.prepare(_Core(True), envs[i], processes[i])
-            except Exception as e:  # noqa: BLE001 - checked below
-                results[i] = e
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = _ranks(port, envs, processes)
         assert all(isinstance(r, dict) for r in results), results
         return [r["store"] for r in results]
 
