@@ -32,7 +32,15 @@ __all__ = ["MpirunNotFound", "LaunchSpec", "find_mpirun", "mpi_flavor", "physica
 # raised from Open MPI's 10 s to 20 s: with more ranks than cores, a rank
 # importing torch missed its heartbeats for 10 s and was declared dead (it
 # then aborts itself); a lost host is still reported well inside 30 s.
+# Every rank sets up its transport to every other at MPI_Init
+# (mpi_add_procs_cutoff above any job's size; Open MPI's default, 0, sets each
+# peer up on first contact): at 32 ranks on 4 hosts a rank's first connection
+# was once dropped because the receiving rank did not know the sender's
+# addresses yet ("dropped inbound connection", "Known IPs of peer: NONE"), a
+# retry without ULFM, but under ULFM the sender took the receiver for dead
+# and the job lost a live rank.
 FAULT_TOLERANT_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
+                       "--mca", "mpi_add_procs_cutoff", "1048576",
                        "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
                        "--mca", "mpi_ft_detector_timeout", "20"]
 

@@ -162,6 +162,7 @@ def test_fault_tolerant_arguments():
     i = cmd.index("--with-ft")
     assert cmd[i:i + len(FAULT_TOLERANT_ARGS)] == FAULT_TOLERANT_ARGS
     assert FAULT_TOLERANT_ARGS == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self",
+                                   "--mca", "mpi_add_procs_cutoff", "1048576",
                                    "--mca", "mpi_ft_detector", "true",
                                    "--mca", "mpi_ft_detector_thread", "true",
                                    "--mca", "mpi_ft_detector_timeout", "20"]
