@@ -1,7 +1,8 @@
 #include "engine/plan_agreement.h"
 
-#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/logging.h"
 
@@ -53,65 +54,56 @@ void ForEachPlanKnob(C& c, F&& f) {
   f(Knob::kGpuOperations, c.gpu_operations_mpi);
 }
 
-}  // namespace
-
-std::string EncodePlanKnobs(const Config& config) {
-  std::ostringstream os;
-  int index = 0;
-  // The index keeps the two fields of HIERARCHICAL_ALLREDUCE apart.
-  ForEachPlanKnob(config, [&](Knob knob, const auto& field) {
-    os << index++ << ' ' << VariableOf(knob) << '=' << Text(field) << '\n';
-  });
-  return os.str();
+// The plan knobs' values, one per line, in ForEachPlanKnob's order (the same on every
+// rank: one build).
+std::vector<std::string> PlanValues(const Config& config) {
+  std::vector<std::string> values;
+  ForEachPlanKnob(config, [&](Knob, const auto& field) { values.push_back(Text(field)); });
+  return values;
 }
 
+}  // namespace
+
 void CopyPlanKnobs(const Config& from, Config* to) {
-  std::vector<std::string> values;
-  ForEachPlanKnob(from, [&](Knob, const auto& field) { values.push_back(Text(field)); });
+  const std::vector<std::string> values = PlanValues(from);
   size_t i = 0;
   ForEachPlanKnob(*to, [&](Knob, auto& field) { Parse(values[i++], &field); });
 }
 
-std::string AgreeOnPlanKnobs(ControlTransport* transport, Config* config, int set_id,
-                             const std::vector<int>& global_ranks) {
-  const std::string mine = EncodePlanKnobs(*config);
-  std::string root = mine;
-  transport->BroadcastBlob(&root);
-  if (root == mine) return std::string();
-  // "index NAME=value" lines, in ForEachPlanKnob's order on every rank (one build).
-  std::map<int, std::string> theirs;
-  std::istringstream in(root);
-  for (std::string line; std::getline(in, line);) {
-    const size_t space = line.find(' '), eq = line.find('=');
-    if (space == std::string::npos || eq == std::string::npos) continue;
-    theirs[std::stoi(line.substr(0, space))] = line.substr(eq + 1);
-  }
+void AgreeOnPlanKnobs(ControlTransport* transport, Config* config, int set_id,
+                      const std::vector<int>& global_ranks) {
+  const std::vector<std::string> mine = PlanValues(*config);
+  std::string blob;
+  for (const auto& v : mine) blob += v + '\n';
+  transport->BroadcastBlob(&blob);
+  std::vector<std::string> root;
+  std::istringstream in(blob);
+  for (std::string line; std::getline(in, line);) root.push_back(line);
+  if (root == mine) return;
   std::ostringstream differ;
-  int index = 0;
+  size_t i = 0;
   bool first = true;
   ForEachPlanKnob(*config, [&](Knob knob, auto& field) {
-    auto it = theirs.find(index++);
-    if (it == theirs.end() || it->second == Text(field)) return;
-    if (static_cast<const void*>(&field) != &config->hierarchical_allreduce_set) {
-      differ << (first ? "" : ", ") << VariableOf(knob) << '=' << Shown(knob, Text(field))
-             << " (rank 0: " << Shown(knob, it->second) << ')';
-      first = false;
+    const std::string& theirs = root[i];
+    if (theirs != mine[i++]) {
+      if (static_cast<const void*>(&field) != &config->hierarchical_allreduce_set) {
+        differ << (first ? "" : ", ") << VariableOf(knob) << '=' << Shown(knob, Text(field))
+               << " (rank 0: " << Shown(knob, theirs) << ')';
+        first = false;
+      }
+      Parse(theirs, &field);
     }
-    Parse(it->second, &field);
   });
-  const int rank = transport->rank();
-  std::ostringstream os;
-  os << "process set " << set_id << ", rank " << global_ranks[rank] << ": "
-     << (first ? std::string("HOROVOD_HIERARCHICAL_ALLREDUCE, set here and not on rank 0 "
-                             "or the other way round,")
-               : differ.str())
-     << " differ from the set's rank 0 (global rank " << global_ranks[0]
-     << "); every rank of the set uses rank 0's values, since ranks that fuse, split or "
-     << "route collectives differently would wait on each other forever. Set them alike on "
-     << "every rank (hvdcompatrun and mpirun -x forward them; under torchrun, export them on "
-     << "every node)";
-  HVD_LOG(kWarning) << os.str();
-  return os.str();
+  HVD_LOG(kWarning)
+      << "process set " << set_id << ", rank " << global_ranks[transport->rank()] << ": "
+      << (first ? std::string("HOROVOD_HIERARCHICAL_ALLREDUCE, set here and not on rank 0 "
+                              "or the other way round,")
+                : differ.str())
+      << " differ from the set's rank 0 (global rank " << global_ranks[0]
+      << "); every rank of the set uses rank 0's values, since ranks that fuse, split or "
+      << "route collectives differently would wait on each other forever. Set them alike on "
+      << "every rank (hvdcompatrun and mpirun -x forward them; under torchrun, export them on "
+      << "every node)";
 }
 
 }  // namespace hvdcompat

@@ -30,16 +30,12 @@ namespace hvdcompat {
 // agree without a warning even when their rank 0 is another rank.
 
 // Replaces this rank's plan knobs in `config` with set rank 0's (collective
-// over `transport`); `global_ranks` are the set's members, `set_id` names the
-// set in the warning. Returns the warning's text ("" when nothing differed),
-// which has also been logged.
-std::string AgreeOnPlanKnobs(ControlTransport* transport, Config* config, int set_id,
-                             const std::vector<int>& global_ranks);
+// over `transport`) and warns when they differed; `global_ranks` are the set's
+// members, `set_id` names the set in the warning.
+void AgreeOnPlanKnobs(ControlTransport* transport, Config* config, int set_id,
+                      const std::vector<int>& global_ranks);
 
 // Copies the plan knobs (only those) from `from` into `to`.
 void CopyPlanKnobs(const Config& from, Config* to);
-
-// The plan knobs of `config` as "NAME=value" lines (the broadcast's form).
-std::string EncodePlanKnobs(const Config& config);
 
 }  // namespace hvdcompat

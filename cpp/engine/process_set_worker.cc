@@ -79,8 +79,10 @@ ProcessSetWorker::ProcessSetWorker(int id, WorkerComm comm, std::vector<int> glo
       timeline_sink_(timeline, id),
       poller_(config.poll_spin_micros, config.poll_max_sleep_micros, &abort_),
       transport_(MakeTransport(comm, mpi_ops, &poller_)),
-      plan_warning_(AgreeOnPlanKnobs(transport_.get(), &config_, id, global_ranks_)),
-      start_config_(config_),
+      start_config_([&] {
+        AgreeOnPlanKnobs(transport_.get(), &config_, id, global_ranks_);
+        return config_;
+      }()),
       controller_(transport_.get(), static_cast<size_t>(config_.cache_capacity), global_ranks_,
                   id, stats),
       stall_(DupOrNull(comm.mpi, comm.mpi != MPI_COMM_NULL && (config.stall_check_seconds > 0 ||

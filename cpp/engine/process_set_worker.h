@@ -152,9 +152,8 @@ class ProcessSetWorker {
   Poller poller_;
   std::unique_ptr<ControlTransport> transport_;
   MpiTransport* mpi_transport_ = nullptr;  // transport_, on MPI
-  // Set rank 0's plan knobs, taken into config_ before anything uses them
-  // (Note [Plan knobs from set rank 0]); the warning's text, or "".
-  std::string plan_warning_;
+  // config_ once set rank 0's plan knobs are in it, before anything below uses
+  // them (Note [Plan knobs from set rank 0]).
   Config start_config_;
   Controller controller_;
   StallInspector stall_;
