@@ -51,6 +51,11 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"MPI launcher start-up retries: {len(retries)}")
     for line in retries:
         terminalreporter.write_line("  " + line)
+    removed = harness.SESSION_DIRS_REMOVED
+    terminalreporter.write_line("Open MPI session directories left by killed launchers, "
+                                f"removed after their test: {len(removed)}")
+    for test_id, path in removed:
+        terminalreporter.write_line(f"  {path} ({test_id})")
 
 
 def pytest_unconfigure(config):
@@ -91,6 +96,14 @@ def pytest_report_teststatus(report, config):
             and config.option.verbose <= 0):
         return "passed", "", "PASSED"
     return None
+
+
+@pytest.fixture(autouse=True)
+def _session_dirs_removed(request):
+    # What a test's killed launchers leave, the test removes (harness.py).
+    before = harness.session_dirs()
+    yield
+    harness.remove_left_session_dirs(before, request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

@@ -158,6 +158,34 @@ def note_launcher_retry(launcher, what, reason, attempt, attempts):
         print(line, file=sys.stderr, flush=True)
 
 
+# Open MPI session directories (ompi.<pid> of mpirun, prted.<pid> of a
+# daemon) that a killed launcher left; each test removes those it made (a
+# later mpirun given the same pid would fail to start: Note [Session
+# directory of a killed mpirun] in hvdcompat/runner/mpi_session.py).
+SESSION_DIRS_REMOVED = []  # (test id, directory) in order
+
+
+def session_dirs():
+    """The Open MPI session directories under the launchers' base now."""
+    from hvdcompat.runner.mpi_session import SESSION_DIR, session_base
+
+    base = session_base()
+    try:
+        return {os.path.join(base, n) for n in os.listdir(base) if SESSION_DIR.match(n)}
+    except OSError:
+        return set()
+
+
+def remove_left_session_dirs(before, test_id):
+    """Removes session directories made since `before` whose process has ended."""
+    from hvdcompat.runner.mpi_session import SESSION_DIR, is_running
+
+    for path in sorted(session_dirs() - before):
+        if not is_running(int(SESSION_DIR.match(os.path.basename(path)).group(2))):
+            shutil.rmtree(path, ignore_errors=True)
+            SESSION_DIRS_REMOVED.append((test_id, path))
+
+
 def _launcher_name(controller):
     return "hvdcompatrun --gloo" if controller == "gloo" else "mpirun"
 

@@ -34,6 +34,7 @@ from hvdcompat.runner import exit_report as _exit_report
 from hvdcompat.runner import gloo_run as _gloo_run
 from hvdcompat.runner import hosts as _hosts
 from hvdcompat.runner import mpirun_command as _mpirun
+from hvdcompat.runner import mpi_session as _mpi_session
 from hvdcompat.common import ports as _ports
 from hvdcompat.runner import rank_supervisor as _supervisor
 from hvdcompat.runner import tuning as _tuning
@@ -392,16 +393,15 @@ def _num_ranks(cmd):
 LOST_HOST_GRACE_SECONDS = 10
 
 
-def _stop(proc):
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
-            proc.send_signal(sig)
-            return proc.wait(timeout=wait)
-        except ProcessLookupError:
-            return proc.wait()
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.wait()
+def _stop(proc, session_base):
+    """SIGTERM, then SIGKILL (removing the session directory that leaves) after 5 s."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=5)
+    except ProcessLookupError:
+        return proc.wait()
+    except subprocess.TimeoutExpired:
+        return _mpi_session.kill(proc, session_base)
 
 
 def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
@@ -416,6 +416,9 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
         summarize: called at the end; False skips the failure summary (an
             elastic restart, where every rank leaves on purpose).
     """
+    # Note [Session directory of a killed mpirun]
+    session_base = _mpi_session.session_base(cmd, env)
+    _mpi_session.remove_stale(session_base)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     relay = _exit_report.OutputRelay([(proc.stdout, sys.stdout.fileno()),
                                       (proc.stderr, sys.stderr.fileno())],
@@ -443,14 +446,14 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
             except subprocess.TimeoutExpired:
                 pass
             if abort is not None and abort():
-                code = _stop(proc)
+                code = _stop(proc, session_base)
                 break
             if not relay.survivors_done(np_ranks, placement):
                 done_since = None
             elif done_since is None:
                 done_since = time.monotonic()
             elif time.monotonic() - done_since > LOST_HOST_GRACE_SECONDS:
-                code = _stop(proc)
+                code = _stop(proc, session_base)
                 break
     finally:
         for s, h in previous.items():

@@ -27,6 +27,7 @@ import cloudpickle
 from hvdcompat._ext import _core
 from hvdcompat.exceptions import HorovodInternalError
 from hvdcompat.runner import run_job
+from hvdcompat.runner import mpi_session as _mpi_session
 from hvdcompat.runner.common import channel
 from hvdcompat.runner.elastic import run_func as elastic_run
 from hvdcompat.runner.elastic.run_func import ELASTIC_PARAMETERS
@@ -169,6 +170,8 @@ def _launch(options, listener, job, secret, timeout, addresses, executable, outp
     if verbose:
         print("hvdcompat.run: " + shlex.join(cmd), flush=True)
     listener.start()
+    # Note [Session directory of a killed mpirun]
+    _mpi_session.remove_stale(_mpi_session.session_base(cmd, env))
     proc = subprocess.Popen(cmd, env=env)
     try:
         code = run_job.collect(proc, job, job.num_proc, timeout)

@@ -19,6 +19,7 @@ import cloudpickle
 
 from hvdcompat.runner.common import channel
 from hvdcompat.exceptions import HorovodInternalError
+from hvdcompat.runner import mpi_session as _mpi_session
 
 __all__ = ["RankFailedError", "Job", "plan", "collect", "stop", "describe_missing",
            "failure_error"]
@@ -252,8 +253,8 @@ def stop(proc):
     try:
         proc.wait(_TERMINATE_GRACE_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        # Note [Session directory of a killed mpirun]
+        _mpi_session.kill(proc, _mpi_session.session_base(proc.args))
 
 
 def describe_missing(num_proc, hosts, results, lost, problems, code, failed_ranks=()):

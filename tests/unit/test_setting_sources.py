@@ -48,6 +48,8 @@ COMPUTED = {
     ("hvdcompat/runner/gloo_run.py", "rank_environment"): "the variables forwarded to the ranks",
     ("hvdcompat/runner/mpi_world.py", "launched_by_mpi"): _MPI,
     ("hvdcompat/runner/mpi_world.py", "read"): _MPI,
+    ("hvdcompat/runner/mpi_session.py", "session_base"):
+        "where Open MPI's launcher keeps its session directory (prte_tmpdir_base, TMPDIR, TEMP, TMP)",
     ("hvdcompat/runner/rank_supervisor.py", "_place_environment"): _MPI,
 }
 

@@ -14,6 +14,7 @@ import subprocess
 import threading
 
 from hvdcompat.runner import run_job
+from hvdcompat.runner import mpi_session as _mpi_session
 from hvdcompat.exceptions import HorovodInternalError
 
 __all__ = ["ELASTIC_PARAMETERS", "elastic_options", "discovered_hosts", "launch", "final_reports"]
@@ -98,6 +99,8 @@ def launch(options, listener, job, secret, timeout, addresses, executable, outpu
     def launch_ranks(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
         job.num_proc = options.planned_np
         listener.start()
+        # Note [Session directory of a killed mpirun]
+        _mpi_session.remove_stale(_mpi_session.session_base(cmd, env))
         proc = subprocess.Popen(cmd, env=env)
         stop_watch = threading.Event()
 
