@@ -131,10 +131,12 @@ def _signal_pids(piddir, sig):
             pass
 
 
-# Launcher start-up failures that happen before any rank runs (seen when many
-# jobs start at once on a busy machine); such a launch is retried, and only
-# such a launch: every retry is counted, shown at once and in the session's
-# summary (conftest.py), so a rerun never hides a failure of ours.
+# Launcher start-up failures that happen before any rank runs; such a launch
+# is retried, and only such a launch: every retry is counted, shown at once and
+# in the session's summary (conftest.py), so a rerun never hides a failure of
+# ours. The PMIx listener's came from session directories that killed mpiruns
+# left (removed after each test now, see below); the lost daemon was seen with
+# many jobs starting at once on a busy machine.
 _LAUNCHER_STARTUP_FAILURES = ("PMIx server's listener thread failed to start",
                               "PRTE has lost communication with a remote daemon")
 LAUNCHER_RETRIES = []  # one line per retried launch, in order
