@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import time
 
 _TMPDIR_SETTING = "prte_tmpdir_base"
@@ -57,16 +58,23 @@ def remove_session_dir(base, pid):
     zombie not yet reaped, or known gone with no launch since).
     """
     path = os.path.join(base, f"ompi.{pid}")
-    try:
-        if os.stat(path).st_uid != os.getuid():
-            return False
-    except OSError:
+    if not _own_directory(path):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return not os.path.exists(path)
 
 
+def _own_directory(path):
+    """True for a directory (not a link to one) that belongs to this user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
 def is_running(pid):
+    """Whether a process `pid` exists (of any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,7 +91,6 @@ def remove_stale(base):
         names = os.listdir(base)
     except OSError:
         return removed
-    uid = os.getuid()
     for name in names:
         found = SESSION_DIR.match(name)
         if not found or found.group(1) != "ompi":
@@ -91,7 +98,7 @@ def remove_stale(base):
         pid = int(found.group(2))
         path = os.path.join(base, name)
         try:
-            if os.stat(path).st_uid != uid or is_running(pid):
+            if not _own_directory(path) or is_running(pid):
                 continue
             if not any(n.startswith("pmix.") and n.endswith(f".tool.{pid}")
                        for n in os.listdir(path)):

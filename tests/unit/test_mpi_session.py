@@ -134,9 +134,16 @@ def test_before_a_launch_only_directories_of_mpiruns_gone_are_removed(tmp_path):
     not_open_mpis = _left_dir(tmp_path, _ended_pid(), rendezvous=False)
     daemon = tmp_path / f"prted.{_ended_pid()}"         # a daemon's: not the launcher's to judge
     daemon.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = _ended_pid()
+    target = _left_dir(elsewhere, linked)
+    link = tmp_path / f"ompi.{linked}"                 # a link is never followed
+    link.symlink_to(target)
     assert mpi_session.remove_stale(str(tmp_path)) == [str(gone)]
     assert not gone.exists()
     assert alive.is_dir() and not_open_mpis.is_dir() and daemon.is_dir()
+    assert link.is_symlink() and (target / f"pmix.somehost.tool.{linked}").exists()
 
 
 def test_hvdcompatrun_clears_a_left_directory_and_runs(tmp_path):
