@@ -116,6 +116,8 @@ void Loop::shutdown() {
     std::lock_guard<std::mutex> guard(m_);
     done_ = true;
   }
+  // hvdcompat: wake the loop so that it sees done_ now (see run()).
+  deferrables_.defer([] {});
   loop_->join();
   if (fd_ >= 0) {
     close(fd_);
@@ -176,7 +178,12 @@ void Loop::unregisterDescriptor(int fd, Handler* h) {
   // Wait for loop to tick before returning, to make sure the handler
   // for this fd is not called once this function returns.
   if (std::this_thread::get_id() != loop_->get_id()) {
-    cv_.wait(lock);
+    // hvdcompat: wake the loop for that tick instead of waiting out its
+    // 10 ms poll timeout (one wait per connection closed), and wait for the
+    // tick itself, not for a notification that may have come just before.
+    const auto start = ticks_;
+    deferrables_.defer([] {});
+    cv_.wait(lock, [&] { return ticks_ != start; });
     TSAN_ANNOTATE_HAPPENS_AFTER(h);
   }
 
@@ -194,10 +201,15 @@ void Loop::run() {
 
   while (true) {
     // Wakeup everyone waiting for a loop tick to finish.
+    {
+      std::lock_guard<std::mutex> guard(m_);
+      ++ticks_;
+    }
     cv_.notify_all();
 
-    // Wait for something to happen, timeout 10ms
-    nfds = epoll_wait(fd_, events.data(), events.size(), 10);
+    // Wait for something to happen, timeout 10ms (hvdcompat: once done_ is
+    // set, only what is already pending is handled before the loop ends).
+    nfds = epoll_wait(fd_, events.data(), events.size(), done_ ? 0 : 10);
     if (done_ && nfds <= 0) {
       // break only on timeout to allow for pending work to flush
       break;
@@ -217,6 +229,13 @@ void Loop::run() {
       TSAN_ANNOTATE_HAPPENS_BEFORE(h);
     }
   }
+
+  // hvdcompat: a last tick for anyone still waiting for one.
+  {
+    std::lock_guard<std::mutex> guard(m_);
+    ++ticks_;
+  }
+  cv_.notify_all();
 }
 
 } // namespace tcp

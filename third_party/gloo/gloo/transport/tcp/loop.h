@@ -100,6 +100,8 @@ class Loop final : public std::enable_shared_from_this<Loop> {
 
   std::mutex m_;
   std::condition_variable cv_;
+  // hvdcompat: loop ticks so far (guarded by m_), for unregisterDescriptor.
+  uint64_t ticks_{0};
   // Map of file descriptors to handlers for memory handling.
   std::unordered_map<int, std::shared_ptr<Handler>> handlers_;
 };
