@@ -403,13 +403,15 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   }
   if (c->in_call.load() > 0) g_stats[kAbortInCall]++;  // NCCL forbids this
   CallScope scope(c);
+  // Counted before the stuck "kernels" are released: a check woken by the
+  // release reads the count (rank_checks.py run_async_watchdog).
+  g_stats[kAborts]++;
+  g_stats[kCommsLive]--;
   {
     std::lock_guard<std::mutex> lock(g_abort_mu);
     c->aborted = true;
   }
   g_abort_cv.notify_all();  // releases the stuck "kernels"
-  g_stats[kAborts]++;
-  g_stats[kCommsLive]--;
   return ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
