@@ -393,17 +393,6 @@ def _num_ranks(cmd):
 LOST_HOST_GRACE_SECONDS = 10
 
 
-def _stop(proc, session_base):
-    """SIGTERM, then SIGKILL (removing the session directory that leaves) after 5 s."""
-    try:
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=5)
-    except ProcessLookupError:
-        return proc.wait()
-    except subprocess.TimeoutExpired:
-        return _mpi_session.kill(proc, session_base)
-
-
 def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
     """Runs ``cmd``, forwarding SIGINT/SIGTERM; returns its exit code.
 
@@ -446,14 +435,14 @@ def run(cmd, env, placement=None, np_ranks=0, abort=None, summarize=None):
             except subprocess.TimeoutExpired:
                 pass
             if abort is not None and abort():
-                code = _stop(proc, session_base)
+                code = _mpi_session.stop(proc, session_base, grace=5)
                 break
             if not relay.survivors_done(np_ranks, placement):
                 done_since = None
             elif done_since is None:
                 done_since = time.monotonic()
             elif time.monotonic() - done_since > LOST_HOST_GRACE_SECONDS:
-                code = _stop(proc, session_base)
+                code = _mpi_session.stop(proc, session_base, grace=5)
                 break
     finally:
         for s, h in previous.items():

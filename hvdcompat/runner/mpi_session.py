@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
 import time
 
 _TMPDIR_SETTING = "prte_tmpdir_base"
@@ -140,3 +141,17 @@ def kill(proc, base, timeout=5.0):
     if _wait_exited_unreaped(proc.pid, timeout):
         remove_session_dir(base, proc.pid)
     return proc.wait()
+
+
+def stop(proc, base, grace):
+    """Ends mpirun `proc` (a Popen): SIGTERM, which it forwards to the ranks, then after
+    `grace` s :func:`kill`. Returns its exit status as ``Popen.wait`` gives it."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=grace)
+    except ProcessLookupError:
+        return proc.wait()
+    except subprocess.TimeoutExpired:
+        return kill(proc, base)

@@ -247,14 +247,8 @@ def collect(proc, job, num_proc, start_timeout, elastic=False):
 
 def stop(proc):
     """Ends mpirun if it still runs: SIGTERM (which it forwards to the ranks), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(_TERMINATE_GRACE_S)
-    except subprocess.TimeoutExpired:
-        # Note [Session directory of a killed mpirun]
-        _mpi_session.kill(proc, _mpi_session.session_base(proc.args))
+    # Note [Session directory of a killed mpirun]
+    _mpi_session.stop(proc, _mpi_session.session_base(proc.args), _TERMINATE_GRACE_S)
 
 
 def describe_missing(num_proc, hosts, results, lost, problems, code, failed_ranks=()):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from harness import flavor, mpi_env, mpirun
-from hvdcompat.runner import launch, mpi_session, run_job
+from hvdcompat.runner import mpi_session, run_job
 
 # Plays an mpirun that ignores SIGTERM: makes its session directory, says so, sleeps.
 _STUBBORN = textwrap.dedent("""
@@ -52,7 +52,7 @@ def test_the_launchers_stop_removes_the_directory_of_an_mpirun_it_had_to_kill(tm
     mine = tmp_path / f"ompi.{proc.pid}"
     assert mine.is_dir()
     start = time.monotonic()
-    code = launch._stop(proc, str(tmp_path))
+    code = mpi_session.stop(proc, str(tmp_path), grace=5)  # as hvdcompatrun stops it
     assert code == -signal.SIGKILL
     assert not mine.exists() and other.is_dir()
     assert time.monotonic() - start < 15
